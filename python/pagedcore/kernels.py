@@ -1,0 +1,277 @@
+"""The paged KV-cache kernels: write K/V into the cache, paged attention, block copy and swap.
+
+Each function checks its arguments (dtype, shape, device, strides) and raises TypeError/ValueError
+with the fix in the message, then hands data pointers, sizes and strides to the C++ kernels in
+pagedcore._core (cpp/kernels/). Index contents (slots, block ids, sequence lengths) are checked in
+C++ before anything is written, which is cheaper than reading them back through torch here.
+
+KV cache layout (one tensor for the whole model):
+    kv_cache  [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]
+    kv_cache[layer, 0] = key_cache, kv_cache[layer, 1] = value_cache, each
+              [num_blocks, num_kv_heads, block_size, head_size]
+Slot of the token at position p: block_table[p // block_size] * block_size + p % block_size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedcore import kernels_reference as _reference
+
+try:
+    from pagedcore import _core
+
+    _HAS_CPU_KERNELS = hasattr(_core, "paged_attention_cpu")
+except ImportError:  # the extension is not built: the reference keeps model code working
+    _core = None
+    _HAS_CPU_KERNELS = False
+
+__all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks"]
+
+PAD_SLOT = -1
+NULL_BLOCK = -1
+MAX_HEAD_SIZE = 256
+
+# dtype codes shared with cpp/kernels/kernel_types.h (DType).
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _dtype_code(t: torch.Tensor, name: str) -> int:
+    code = _DTYPE_CODE.get(t.dtype)
+    if code is None:
+        raise TypeError(f"{name} has dtype {t.dtype}; the CPU kernels take torch.float32 or "
+                        f"torch.bfloat16 (cast with {name}.to(torch.bfloat16))")
+    return code
+
+
+def _check_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_cpu(op: str, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        _check_tensor(t, name)
+    devices = {t.device.type for t in tensors.values()}
+    if devices == {"cpu"}:
+        return
+    if "cuda" in devices:
+        raise NotImplementedError(f"{op}: CUDA kernels are not built/wired yet; got "
+                                  + ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+                                  + ". Run on CPU tensors for now.")
+    raise ValueError(f"{op}: all tensors must be on the CPU; got "
+                     + ", ".join(f"{n} on {t.device}" for n, t in tensors.items()))
+
+
+def _check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} (use {name}.to({dtype}))")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({length},)")
+    if length > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (call {name}.contiguous())")
+
+
+def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    if key_cache.dim() != 4:
+        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected 4 dims "
+                         "[num_blocks, num_kv_heads, block_size, head_size] (kv_cache[layer, 0])")
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"value_cache ({tuple(value_cache.shape)}, {value_cache.dtype}) must match "
+                         f"key_cache ({tuple(key_cache.shape)}, {key_cache.dtype})")
+    _dtype_code(key_cache, "key_cache")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous; pass kv_cache[layer, 0/1] of a contiguous "
+                             "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] tensor")
+
+
+def _check_rows(t: torch.Tensor, name: str, num_heads: int | None = None,
+                head_size: int | None = None) -> None:
+    """A [num_tokens, num_heads, head_size] activation: any strides but a unit last one."""
+    if t.dim() != 3:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [num_tokens, num_heads, head_size]"
+                         " (view a flat projection with .view(num_tokens, num_heads, head_size))")
+    if num_heads is not None and t.shape[1] != num_heads:
+        raise ValueError(f"{name} has {t.shape[1]} heads (shape {tuple(t.shape)}); expected {num_heads}")
+    if head_size is not None and t.shape[2] != head_size:
+        raise ValueError(f"{name} has head_size {t.shape[2]} (shape {tuple(t.shape)}); expected {head_size}")
+    if t.shape[2] > 1 and t.stride(2) != 1:
+        raise ValueError(f"{name} must have a unit stride in its last dim (strides {t.stride()}); "
+                         f"call {name}.contiguous()")
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Writes each token's K/V into the cache at its slot; slot -1 (padding) writes nothing.
+
+    key, value:   [num_tokens, num_kv_heads, head_size] fp32/bf16, last stride 1, other strides any
+    key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; dtype may
+                  differ from key's (fp32 -> bf16 rounds to nearest even)
+    slot_mapping: int64 [num_tokens]
+    """
+    _check_cpu("reshape_and_cache", key=key, value=value, key_cache=key_cache,
+               value_cache=value_cache, slot_mapping=slot_mapping)
+    _check_cache_pair(key_cache, value_cache)
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    _check_rows(key, "key", num_kv_heads, head_size)
+    _check_rows(value, "value", num_kv_heads, head_size)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
+    if value.dtype != key.dtype:
+        raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
+    src_code = _dtype_code(key, "key")
+    _check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    if num_tokens == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        return
+    _core.reshape_and_cache_cpu(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size, num_blocks, block_size,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        src_code, _DTYPE_CODE[key_cache.dtype])
+
+
+def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                    scale, max_query_len=None, max_seq_len=None) -> None:
+    """Causal attention of every query row over its sequence's cached K/V; writes `out` in place.
+
+    query, out:      [num_tokens, num_heads, head_size], same dtype (fp32/bf16), last stride 1
+    key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous
+    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with -1
+    seq_lens:        int32 [num_seqs], cached tokens including this step's new ones
+    query_start_loc: int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
+    Row j of sequence s sits at position seq_lens[s] - q_len + j and sees positions [0, it].
+    max_query_len / max_seq_len are optional upper bounds (checked when given).
+    """
+    _check_cpu("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
+               block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
+    _check_cache_pair(key_cache, value_cache)
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    _check_rows(query, "query", None, head_size)
+    num_tokens, num_heads, _ = query.shape
+    q_code = _dtype_code(query, "query")
+    if out.dtype != query.dtype:
+        raise TypeError(f"out is {out.dtype} but query is {query.dtype}; allocate out with "
+                        "torch.empty_like(query)")
+    _check_rows(out, "out", num_heads, head_size)
+    if out.shape[0] != num_tokens:
+        raise ValueError(f"out has shape {tuple(out.shape)}; expected {tuple(query.shape)} like query")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads} kv heads")
+    if head_size % 8 != 0 or head_size > MAX_HEAD_SIZE:
+        raise ValueError(f"head_size {head_size} is not supported; the CPU kernels take multiples of 8 "
+                         f"up to {MAX_HEAD_SIZE}")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables has dtype {block_tables.dtype}; expected torch.int32 "
+                        "(use block_tables.to(torch.int32))")
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected "
+                         "[num_seqs, max_blocks_per_seq]")
+    if not block_tables.is_contiguous():
+        raise ValueError("block_tables must be contiguous (call block_tables.contiguous())")
+    num_seqs, max_blocks_per_seq = block_tables.shape
+    _check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
+    _check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
+    scale = float(scale)
+    if max_query_len is not None and max_query_len < 0 or max_seq_len is not None and max_seq_len < 0:
+        raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _reference.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                   query_start_loc, scale)
+        return
+    _core.paged_attention_cpu(
+        out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
+        num_seqs, num_tokens, num_heads, num_kv_heads, head_size, num_blocks, block_size,
+        max_blocks_per_seq, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        q_code, _DTYPE_CODE[key_cache.dtype], scale,
+        -1 if max_query_len is None else int(max_query_len),
+        -1 if max_seq_len is None else int(max_seq_len))
+
+
+def _check_kv_cache(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 6:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected "
+                         "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]")
+    if t.shape[1] != 2:
+        raise ValueError(f"{name} has {t.shape[1]} in dim 1; expected 2 (key, value)")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
+    _dtype_code(t, name)
+
+
+def _check_block_mapping(block_mapping: torch.Tensor) -> torch.Tensor:
+    if block_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_mapping has dtype {block_mapping.dtype}; expected torch.int32")
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
+                         "rows of (src, dst)")
+    if block_mapping.dtype != torch.int32 or not block_mapping.is_contiguous():
+        block_mapping = block_mapping.to(torch.int32).contiguous()  # a few rows: cheap
+    return block_mapping
+
+
+def copy_blocks(kv_cache, block_mapping) -> None:
+    """Copies every layer's K and V block src -> dst for each (src, dst) row, in row order.
+
+    kv_cache: [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size], contiguous
+    block_mapping: int32 [n, 2]
+    """
+    _check_cpu("copy_blocks", kv_cache=kv_cache, block_mapping=block_mapping)
+    _check_kv_cache(kv_cache, "kv_cache")
+    block_mapping = _check_block_mapping(block_mapping)
+    if block_mapping.shape[0] == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _check_block_ids(block_mapping[:, 0], kv_cache.shape[2], "src")
+        _check_block_ids(block_mapping[:, 1], kv_cache.shape[2], "dst")
+        _reference.copy_blocks(kv_cache, block_mapping)
+        return
+    num_layers, _, num_blocks = kv_cache.shape[:3]
+    _core.copy_blocks_cpu(kv_cache.data_ptr(), kv_cache.data_ptr(), block_mapping.data_ptr(),
+                          block_mapping.shape[0], num_layers * 2, num_blocks, num_blocks,
+                          kv_cache[0, 0, 0].numel() * kv_cache.element_size())
+
+
+def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
+    """Copies every layer's K and V block from one cache to another (e.g. GPU <-> CPU pool).
+
+    src_kv_cache, dst_kv_cache: same layout and dtype, num_blocks may differ
+    block_mapping: int32 [n, 2] rows (src block in src_kv_cache, dst block in dst_kv_cache)
+    """
+    _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
+               block_mapping=block_mapping)
+    _check_kv_cache(src_kv_cache, "src_kv_cache")
+    _check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    if src_kv_cache.dtype != dst_kv_cache.dtype:
+        raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
+                        "both caches must have the same dtype")
+    src_shape, dst_shape = tuple(src_kv_cache.shape), tuple(dst_kv_cache.shape)
+    if src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
+        raise ValueError(f"src_kv_cache {src_shape} and dst_kv_cache {dst_shape} may differ only in "
+                         "num_blocks (dim 2)")
+    if src_kv_cache.data_ptr() == dst_kv_cache.data_ptr():
+        raise ValueError("swap_blocks got the same cache twice; use copy_blocks within one cache")
+    block_mapping = _check_block_mapping(block_mapping)
+    if block_mapping.shape[0] == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _check_block_ids(block_mapping[:, 0], src_kv_cache.shape[2], "src")
+        _check_block_ids(block_mapping[:, 1], dst_kv_cache.shape[2], "dst")
+        _reference.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
+        return
+    num_layers = src_kv_cache.shape[0]
+    _core.copy_blocks_cpu(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), block_mapping.data_ptr(),
+                          block_mapping.shape[0], num_layers * 2, src_kv_cache.shape[2],
+                          dst_kv_cache.shape[2], src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size())
+
+
+def _check_block_ids(ids: torch.Tensor, num_blocks: int, what: str) -> None:
+    # Only on the reference path; the C++ kernels check ids themselves.
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        raise IndexError(f"block_mapping has a {what} block id outside [0, {num_blocks})")
