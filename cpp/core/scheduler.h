@@ -1,0 +1,101 @@
+// Continuous batching on one token budget per step: running sequences first, then swapped-in
+// ones, then waiting ones; chunked prefill, prefix-cache hits and preemption fall out of
+// num_computed_tokens chasing num_tokens under that budget.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/kv_cache_manager.h"
+#include "core/scheduler_config.h"
+#include "core/scheduler_output.h"
+#include "core/sequence.h"
+#include "core/sequence_queue.h"
+#include "core/step_trace.h"
+
+namespace pagedcore {
+
+struct SchedulerStats {
+  int32_t num_waiting = 0;
+  int32_t num_running = 0;
+  int32_t num_swapped = 0;
+  int32_t num_free_blocks = 0;
+  int32_t num_cached_free_blocks = 0;
+  int32_t num_free_cpu_blocks = 0;
+  double kv_cache_usage = 0.0;           // used device blocks / all device blocks
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_evictions = 0;
+  int64_t num_steps = 0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+
+  // Queues a new sequence. Throws std::invalid_argument, naming the fix, when it could never run
+  // (empty, longer than max_model_len, more blocks than the whole cache, duplicate id).
+  void add_sequence(SeqId seq_id, const std::vector<TokenId>& prompt_token_ids, const StoppingParams& params);
+  // After update(): a new running sequence sharing every block of a running parent (n > 1
+  // sampling, beam search). Its last, not yet computed token is replaced by last_token_id
+  // (-1 keeps the parent's).
+  void fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_token_id);
+  // Appends known tokens (e.g. speculative drafts) to a running sequence; the next step schedules them.
+  void append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids);
+  // Ends a sequence in any state and frees its blocks at once. False when unknown or finished.
+  bool abort_sequence(SeqId seq_id);
+
+  // Decides this step. Must be followed by update() before the next schedule().
+  SchedulerOutput schedule();
+  // Advances every scheduled sequence by its granted tokens and appends one sampled token per
+  // sample row (SchedulerOutput::sample_seq_ids order); reports the sequences that finished.
+  UpdateResult update(const std::vector<TokenId>& sampled_token_ids);
+
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
+  const Sequence* find(SeqId seq_id) const;
+  SchedulerStats stats() const;
+  std::vector<SeqId> waiting_ids() const { return ids_of(waiting_); }
+  std::vector<SeqId> running_ids() const { return ids_of(running_); }
+  std::vector<SeqId> swapped_ids() const { return ids_of(swapped_); }
+  KVCacheManager& kv_cache() { return kv_; }
+  const KVCacheManager& kv_cache() const { return kv_; }
+
+ private:
+  Sequence* get(SeqId seq_id, const char* what);
+  static std::vector<SeqId> ids_of(const SequenceQueue& queue);
+  void grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out);
+  void preempt(Sequence& victim, SchedulerOutput& out);
+  void finish(Sequence& seq, FinishReason reason, TokenId stop_token_id);
+  bool should_stop(Sequence& seq, TokenId token, FinishReason* reason) const;
+  void move(Sequence& seq, SeqStatus to);
+  void flush_finished();
+  void fill_block_tables(SchedulerOutput& out) const;
+
+  SchedulerConfig config_;
+  int32_t max_seq_len_;  // min(max_model_len, whole cache): a sequence stops (length) there
+  KVCacheManager kv_;
+  StepTrace trace_;
+  StepTrace* trace_ptr_ = nullptr;  // &trace_ when tracing, else null
+
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
+  SequenceQueue waiting_;
+  SequenceQueue running_;
+  SequenceQueue swapped_;
+  std::vector<Sequence*> finished_;   // erased once no step refers to them
+
+  // The step in flight between schedule() and update().
+  bool step_in_flight_ = false;
+  std::vector<Sequence*> scheduled_;  // [S] batch order
+  std::vector<Sequence*> sampled_;    // [num_samples]
+
+  int64_t next_arrival_ = 0;
+  int64_t num_steps_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace pagedcore

@@ -1,0 +1,67 @@
+// One step's schedule as flat arrays the model runner wraps without copying.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/common.h"
+#include "core/step_trace.h"
+
+namespace pagedcore {
+
+// Batch layout (S scheduled sequences, T scheduled tokens, running ones first):
+//
+//   seq:              s0 (decode)  s1 (decode)  s2 (prefill chunk of 3)
+//   query_start_loc:  0            1            2                        5   [S + 1]
+//   input_ids:        t            t            t  t  t                      [T]
+//   positions:        41           17           0  1  2                      [T]
+//   slot_mapping:     block_table[pos / bs] * bs + pos % bs, kPadSlot = pad  [T]
+//   seq_lens:         42           18           3                            [S]  cache length after this step
+//   logits_indices:   0            1            4   rows sampled: chunks that reach the end of the known tokens
+struct SchedulerOutput {
+  int64_t step_id = 0;
+
+  // Per scheduled sequence, batch order.
+  std::vector<SeqId> seq_ids;                 // [S]
+  std::vector<int32_t> num_scheduled_tokens;  // [S]
+  std::vector<int32_t> num_computed_tokens;   // [S] tokens already in the cache before this step
+  std::vector<int32_t> query_start_loc;       // [S + 1]
+  std::vector<int32_t> seq_lens;              // [S] num_computed + num_scheduled
+  std::vector<int32_t> block_tables;          // [S, max_num_blocks_per_seq], padded with kNullBlock
+  int32_t max_num_blocks_per_seq = 0;
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+
+  // Per scheduled token.
+  std::vector<int64_t> input_ids;             // [T]
+  std::vector<int64_t> positions;             // [T]
+  std::vector<int64_t> slot_mapping;          // [T]
+
+  // Rows of the flat token batch whose logits are sampled, and whose rows they are.
+  std::vector<int64_t> logits_indices;        // [num_samples]
+  std::vector<SeqId> sample_seq_ids;          // [num_samples]
+
+  // Block movements the runner performs before the forward: swap out, swap in, then copies.
+  std::vector<int32_t> blocks_to_swap_out;    // [n, 2] (device block, cpu block)
+  std::vector<int32_t> blocks_to_swap_in;     // [n, 2] (cpu block, device block)
+  std::vector<int32_t> blocks_to_copy;        // [n, 2] (src, dst) copy-on-write
+
+  std::vector<SeqId> preempted_seq_ids;       // preempted this step (recompute or swap)
+  int32_t num_prefill_tokens = 0;             // tokens of sequences still short of their known tokens
+  int32_t num_decode_tokens = 0;              // one-token steps of sequences at the end of their tokens
+
+  std::vector<TraceEvent> events;             // [num_events] when tracing; exported as int64 [n, 4]
+
+  int32_t num_seqs() const { return static_cast<int32_t>(seq_ids.size()); }
+  int32_t num_tokens() const { return static_cast<int32_t>(input_ids.size()); }
+};
+
+// What update() reports: sequences that finished with this step's tokens.
+struct UpdateResult {
+  std::vector<SeqId> finished_seq_ids;        // [F]
+  std::vector<int32_t> finish_reasons;        // [F] FinishReason
+  std::vector<TokenId> stop_token_ids;        // [F] the stopping token for kStop, else -1
+  std::vector<TraceEvent> events;             // events of update() when tracing
+};
+
+}  // namespace pagedcore

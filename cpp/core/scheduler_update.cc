@@ -1,0 +1,220 @@
+// Scheduler: the sequence lifecycle around schedule(): add, fork, append, abort, update, finish.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "core/scheduler.h"
+
+namespace pagedcore {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+Sequence* Scheduler::get(SeqId seq_id, const char* what) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || it->second->finished()) {
+    throw std::invalid_argument(std::string(what) + ": no unfinished sequence with id " + str(seq_id));
+  }
+  return it->second.get();
+}
+
+const Sequence* Scheduler::find(SeqId seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::add_sequence(SeqId seq_id, const std::vector<TokenId>& prompt_token_ids,
+                             const StoppingParams& params) {
+  const int64_t num_prompt = static_cast<int64_t>(prompt_token_ids.size());
+  auto reject = [&](const std::string& why) {
+    if (trace_ptr_) trace_.add(TraceEventType::kReject, seq_id, num_prompt, 0);
+    throw std::invalid_argument(why);
+  };
+  if (seqs_.count(seq_id)) reject("sequence id " + str(seq_id) + " is already in use; use a fresh id");
+  if (num_prompt == 0) reject("the prompt is empty; give at least one token");
+  if (num_prompt > config_.max_model_len) {
+    reject("prompt has " + str(num_prompt) + " tokens but max_model_len is " + str(config_.max_model_len) +
+           "; shorten the prompt or raise max_model_len (--max-model-len)");
+  }
+  const int64_t num_blocks = kv_.blocks_for(static_cast<int>(num_prompt));
+  if (num_blocks > config_.num_gpu_blocks) {
+    reject("prompt needs " + str(num_blocks) + " KV blocks (" + str(num_prompt) + " tokens) but the whole cache holds " +
+           str(config_.num_gpu_blocks) + "; give the KV cache more memory (--kv-cache-memory) or shorten the prompt");
+  }
+  if (params.max_tokens < 1) reject("max_tokens must be >= 1, got " + str(params.max_tokens));
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
+    reject("min_tokens must be in [0, max_tokens=" + str(params.max_tokens) + "], got " + str(params.min_tokens));
+  }
+  for (TokenId t : prompt_token_ids) {
+    if (t < 0) reject("prompt token ids must be >= 0, got " + str(t));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = seq_id;
+  seq->arrival = next_arrival_++;
+  seq->params = params;
+  seq->token_ids = prompt_token_ids;
+  seq->num_prompt_tokens = static_cast<int32_t>(num_prompt);
+  seq->status = SeqStatus::kWaiting;
+  if (trace_ptr_) trace_.add(TraceEventType::kQueueMove, seq_id, -1, static_cast<int64_t>(SeqStatus::kWaiting));
+  waiting_.insert(seq.get());
+  seqs_.emplace(seq_id, std::move(seq));
+}
+
+void Scheduler::fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_token_id) {
+  if (step_in_flight_) throw std::logic_error("fork_sequence() between schedule() and update(); call it after update()");
+  Sequence* parent = get(parent_id, "fork_sequence");
+  if (parent->status != SeqStatus::kRunning) {
+    throw std::invalid_argument("fork_sequence: parent " + str(parent_id) + " is not running");
+  }
+  if (seqs_.count(child_id)) throw std::invalid_argument("fork_sequence: id " + str(child_id) + " is already in use");
+  auto child = std::make_unique<Sequence>(*parent);
+  child->seq_id = child_id;
+  child->num_scheduled_tokens = 0;
+  child->num_preemptions = 0;
+  child->block_table.clear();
+  kv_.fork(*parent, *child);
+  if (last_token_id >= 0) {
+    // Only a token without KV yet may differ; the blocks up to it are shared.
+    if (child->num_computed_tokens != child->num_tokens() - 1) {
+      throw std::invalid_argument("fork_sequence: the parent's last token is already computed; fork right after update()");
+    }
+    child->token_ids.back() = last_token_id;
+    child->block_hashes.resize(std::min<size_t>(child->block_hashes.size(), child->num_computed_tokens / config_.block_size));
+  }
+  if (trace_ptr_) trace_.add(TraceEventType::kFork, child_id, parent_id, 0);
+  running_.insert(child.get());
+  seqs_.emplace(child_id, std::move(child));
+}
+
+void Scheduler::append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids) {
+  if (step_in_flight_) throw std::logic_error("append_tokens() between schedule() and update(); call it after update()");
+  Sequence* seq = get(seq_id, "append_tokens");
+  if (seq->num_tokens() + static_cast<int64_t>(token_ids.size()) > max_seq_len_) {
+    throw std::invalid_argument("append_tokens: sequence " + str(seq_id) + " would exceed " + str(max_seq_len_) + " tokens");
+  }
+  seq->token_ids.insert(seq->token_ids.end(), token_ids.begin(), token_ids.end());
+}
+
+bool Scheduler::abort_sequence(SeqId seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || it->second->finished()) return false;
+  Sequence& seq = *it->second;
+  switch (seq.status) {
+    case SeqStatus::kRunning:
+      running_.erase(&seq);
+      kv_.free(seq);
+      break;
+    case SeqStatus::kSwapped:
+      swapped_.erase(&seq);
+      kv_.free_swapped(seq);
+      break;
+    case SeqStatus::kWaiting:
+      waiting_.erase(&seq);
+      break;
+    case SeqStatus::kFinished:
+      break;
+  }
+  finish(seq, FinishReason::kAbort, -1);
+  return true;
+}
+
+void Scheduler::finish(Sequence& seq, FinishReason reason, TokenId stop_token_id) {
+  seq.finish_reason = reason;
+  seq.stop_token_id = stop_token_id;
+  if (trace_ptr_) trace_.add(TraceEventType::kFinish, seq.seq_id, static_cast<int64_t>(reason), seq.num_output_tokens());
+  move(seq, SeqStatus::kFinished);
+  finished_.push_back(&seq);  // erased when no step in flight can still point at it
+}
+
+void Scheduler::flush_finished() {
+  for (Sequence* seq : finished_) seqs_.erase(seq->seq_id);
+  finished_.clear();
+}
+
+bool Scheduler::should_stop(Sequence& seq, TokenId token, FinishReason* reason) const {
+  const StoppingParams& p = seq.params;
+  if (seq.num_output_tokens() >= p.min_tokens) {
+    const bool is_eos = !p.ignore_eos && std::find(p.eos_token_ids.begin(), p.eos_token_ids.end(), token) != p.eos_token_ids.end();
+    const bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+    if (is_eos || is_stop) {
+      *reason = FinishReason::kStop;
+      return true;
+    }
+  }
+  if (seq.num_output_tokens() >= p.max_tokens || seq.num_tokens() >= max_seq_len_) {
+    *reason = FinishReason::kLength;
+    return true;
+  }
+  return false;
+}
+
+UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids) {
+  if (!step_in_flight_) throw std::logic_error("update() without a scheduled step: call schedule() first");
+  if (sampled_token_ids.size() != sampled_.size()) {
+    throw std::invalid_argument("update() got " + str(static_cast<int64_t>(sampled_token_ids.size())) +
+                                " sampled tokens for " + str(static_cast<int64_t>(sampled_.size())) +
+                                " sampled rows; pass one token per SchedulerOutput.sample_seq_ids entry");
+  }
+  for (TokenId t : sampled_token_ids) {
+    if (t < 0) throw std::invalid_argument("update(): sampled token ids must be >= 0, got " + str(t));
+  }
+  UpdateResult result;
+  // Sequences aborted while the step ran are finished already and skipped throughout.
+  for (Sequence* seq : scheduled_) {
+    if (seq->finished()) continue;
+    seq->num_computed_tokens += seq->num_scheduled_tokens;
+    seq->num_scheduled_tokens = 0;
+  }
+  for (size_t j = 0; j < sampled_.size(); ++j) {
+    if (!sampled_[j]->finished()) sampled_[j]->token_ids.push_back(sampled_token_ids[j]);
+  }
+  // Full computed blocks become findable before a finished sequence releases them.
+  for (Sequence* seq : scheduled_) {
+    if (!seq->finished()) kv_.register_computed_blocks(*seq);
+  }
+  bool any_finished = false;
+  for (size_t j = 0; j < sampled_.size(); ++j) {
+    Sequence& seq = *sampled_[j];
+    FinishReason reason;
+    if (seq.finished() || !should_stop(seq, sampled_token_ids[j], &reason)) continue;
+    kv_.free(seq);
+    finish(seq, reason, reason == FinishReason::kStop ? sampled_token_ids[j] : -1);
+    result.finished_seq_ids.push_back(seq.seq_id);
+    result.finish_reasons.push_back(static_cast<int32_t>(reason));
+    result.stop_token_ids.push_back(seq.stop_token_id);
+    any_finished = true;
+  }
+  if (any_finished) running_.erase_if([](const Sequence* s) { return s->finished(); });
+  step_in_flight_ = false;
+  scheduled_.clear();
+  sampled_.clear();
+  if (trace_ptr_) result.events = trace_.take();
+  return result;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_swapped = static_cast<int32_t>(swapped_.size());
+  s.num_free_blocks = kv_.gpu_pool().num_free_blocks();
+  s.num_cached_free_blocks = kv_.gpu_pool().num_cached_free_blocks();
+  s.num_free_cpu_blocks = kv_.cpu_pool().num_free_blocks();
+  s.kv_cache_usage = kv_.usage();
+  s.prefix_query_tokens = kv_.prefix_query_tokens();
+  s.prefix_hit_tokens = kv_.prefix_hit_tokens();
+  s.num_preemptions = num_preemptions_;
+  s.num_evictions = kv_.gpu_pool().num_evictions();
+  s.num_steps = num_steps_;
+  return s;
+}
+
+std::vector<SeqId> Scheduler::ids_of(const SequenceQueue& queue) {
+  std::vector<SeqId> ids;
+  ids.reserve(queue.size());
+  for (const Sequence* s : queue.items()) ids.push_back(s->seq_id);
+  return ids;
+}
+
+}  // namespace pagedcore
