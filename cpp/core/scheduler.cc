@@ -98,7 +98,8 @@ SchedulerOutput Scheduler::schedule() {
 
   // 1. Running sequences, in order. A sequence that cannot get blocks preempts the last running
   //    one (lowest priority, latest arrival), possibly itself.
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  //    Forks may leave more running sequences than max_num_seqs; the cap holds per step.
+  for (size_t i = 0; i < running_.size() && budget > 0 && out.num_seqs() < config_.max_num_seqs; ++i) {
     Sequence* seq = running_[i];
     const int num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
     if (num_new <= 0) continue;
