@@ -6,7 +6,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "core/block_pool.h"
+#include "kernels/cache_kernels.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/paged_attention.h"
+#include "kernels/parallel.h"
 #include "core/scheduler.h"
 #ifdef PAGEDCORE_HAS_CUDA
 #include "device_info.h"
@@ -246,10 +252,21 @@ void bind_scheduler(py::module_& m) {
       .def("abort_sequence", &Scheduler::abort_sequence, py::arg("seq_id"))
       .def("schedule", &Scheduler::schedule)
       .def("update",
-           [](Scheduler& s, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sampled) {
-             return s.update(to_tokens(sampled, "sampled_token_ids"));
+           [](Scheduler& s, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sampled,
+              const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& forks) {
+             std::vector<SampleFork> fork_list;
+             if (forks && forks->size() > 0) {
+               if (forks->ndim() != 2 || forks->shape(1) != 3) {
+                 throw std::invalid_argument("forks must be an int array [n, 3] of (parent_id, child_id, token_id)");
+               }
+               auto f = forks->unchecked<2>();
+               for (py::ssize_t i = 0; i < f.shape(0); ++i) {
+                 fork_list.push_back(SampleFork{f(i, 0), f(i, 1), static_cast<TokenId>(f(i, 2))});
+               }
+             }
+             return s.update(to_tokens(sampled, "sampled_token_ids"), fork_list);
            },
-           py::arg("sampled_token_ids"))
+           py::arg("sampled_token_ids"), py::arg("forks") = py::none())
       .def("has_unfinished", &Scheduler::has_unfinished)
       .def("get_sequence",
            [](const Scheduler& s, SeqId seq_id) -> py::object {
@@ -269,7 +286,149 @@ void bind_scheduler(py::module_& m) {
 }
 
 // ---- kernels: begin (CPU attention / cache kernels; see cpp/kernels/) ----
-void bind_kernels(py::module_& m) {}
+// Only forwards: python/pagedcore/kernels.py checks the tensors and passes data_ptr() ints, sizes
+// and strides; the launchers check indices and return a Status, raised here. The GIL is released
+// while a kernel runs.
+void raise_if_error(const kernels::Status& status) {
+  if (status.code == kernels::Status::kOutOfRange) throw py::index_error(status.message);
+  if (status.code != kernels::Status::kOk) throw py::value_error(status.message);
+}
+
+kernels::DType to_dtype(int32_t code) {
+  if (!kernels::valid_dtype(code)) throw py::value_error("unknown dtype code " + std::to_string(code));
+  return static_cast<kernels::DType>(code);
+}
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+void bind_kernels(py::module_& m) {
+  m.def(
+      "reshape_and_cache_cpu",
+      [](uintptr_t key, uintptr_t value, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slot_mapping,
+         int64_t num_tokens, int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+         int64_t key_stride_token, int64_t key_stride_head, int64_t value_stride_token,
+         int64_t value_stride_head, int32_t src_dtype, int32_t cache_dtype) {
+        kernels::ReshapeAndCacheParams p;
+        p.key = ptr<const void>(key);
+        p.value = ptr<const void>(value);
+        p.key_cache = ptr<void>(key_cache);
+        p.value_cache = ptr<void>(value_cache);
+        p.slot_mapping = ptr<const int64_t>(slot_mapping);
+        p.num_tokens = num_tokens;
+        p.num_kv_heads = num_kv_heads;
+        p.head_size = head_size;
+        p.num_blocks = num_blocks;
+        p.block_size = block_size;
+        p.key_stride_token = key_stride_token;
+        p.key_stride_head = key_stride_head;
+        p.value_stride_token = value_stride_token;
+        p.value_stride_head = value_stride_head;
+        p.src_dtype = to_dtype(src_dtype);
+        p.cache_dtype = to_dtype(cache_dtype);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::reshape_and_cache(p);
+        }
+        raise_if_error(status);
+      },
+      "Raw-pointer entry of pagedcore.kernels.reshape_and_cache (call that instead).");
+  m.def(
+      "paged_attention_cpu",
+      [](uintptr_t out, uintptr_t query, uintptr_t key_cache, uintptr_t value_cache, uintptr_t block_tables,
+         uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs, int64_t num_tokens,
+         int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+         int64_t max_blocks_per_seq, int64_t q_stride_token, int64_t q_stride_head,
+         int64_t out_stride_token, int64_t out_stride_head, int32_t q_dtype, int32_t cache_dtype,
+         double scale, int64_t max_query_len, int64_t max_seq_len) {
+        kernels::PagedAttentionParams p;
+        p.out = ptr<void>(out);
+        p.query = ptr<const void>(query);
+        p.key_cache = ptr<const void>(key_cache);
+        p.value_cache = ptr<const void>(value_cache);
+        p.block_tables = ptr<const int32_t>(block_tables);
+        p.seq_lens = ptr<const int32_t>(seq_lens);
+        p.query_start_loc = ptr<const int32_t>(query_start_loc);
+        p.num_seqs = num_seqs;
+        p.num_tokens = num_tokens;
+        p.num_heads = num_heads;
+        p.num_kv_heads = num_kv_heads;
+        p.head_size = head_size;
+        p.num_blocks = num_blocks;
+        p.block_size = block_size;
+        p.max_blocks_per_seq = max_blocks_per_seq;
+        p.q_stride_token = q_stride_token;
+        p.q_stride_head = q_stride_head;
+        p.out_stride_token = out_stride_token;
+        p.out_stride_head = out_stride_head;
+        p.q_dtype = to_dtype(q_dtype);
+        p.cache_dtype = to_dtype(cache_dtype);
+        p.scale = static_cast<float>(scale);
+        p.max_query_len = max_query_len;
+        p.max_seq_len = max_seq_len;
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::paged_attention(p);
+        }
+        raise_if_error(status);
+      },
+      "Raw-pointer entry of pagedcore.kernels.paged_attention (call that instead).");
+  m.def(
+      "copy_blocks_cpu",
+      [](uintptr_t src, uintptr_t dst, uintptr_t block_mapping, int64_t num_pairs, int64_t num_planes,
+         int64_t src_num_blocks, int64_t dst_num_blocks, int64_t block_bytes) {
+        kernels::CopyBlocksParams p;
+        p.src = ptr<const void>(src);
+        p.dst = ptr<void>(dst);
+        p.block_mapping = ptr<const int32_t>(block_mapping);
+        p.num_pairs = num_pairs;
+        p.num_planes = num_planes;
+        p.src_num_blocks = src_num_blocks;
+        p.dst_num_blocks = dst_num_blocks;
+        p.block_bytes = block_bytes;
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::copy_blocks(p);
+        }
+        raise_if_error(status);
+      },
+      "Raw-pointer entry of pagedcore.kernels.copy_blocks / swap_blocks (call those instead).");
+  m.def("kernel_isa", []() { return std::string(kernels::isa_name(kernels::active_isa())); },
+        "Instruction set the CPU kernels use: generic, generic16, avx2 or avx512.");
+  m.def(
+      "set_kernel_isa",
+      [](const std::string& name) {
+        for (kernels::Isa isa : {kernels::Isa::kGeneric, kernels::Isa::kGeneric16, kernels::Isa::kAvx2,
+                                 kernels::Isa::kAvx512}) {
+          if (name == kernels::isa_name(isa)) return kernels::set_active_isa(isa);
+        }
+        throw py::value_error("unknown ISA '" + name + "'; use generic, generic16, avx2 or avx512");
+      },
+      py::arg("name"), "Selects the kernels' ISA (tests, benchmarks); False if this CPU lacks it.");
+  m.def("kernel_threading",
+        []() { return std::string(kernels::active_threading() == kernels::Threading::kOpenMP ? "openmp" : "pool"); },
+        "How the CPU kernels use threads: openmp (shares torch's runtime) or pool.");
+  m.def(
+      "set_kernel_threading",
+      [](const std::string& name) {
+        if (name != "openmp" && name != "pool") throw py::value_error("use 'openmp' or 'pool'");
+        kernels::set_active_threading(name == "openmp" ? kernels::Threading::kOpenMP : kernels::Threading::kPool);
+      },
+      py::arg("name"));
+  m.def("kernel_max_threads", &kernels::max_threads, "Threads a CPU kernel call may use.");
+  m.def(
+      "set_attention_tuning",
+      [](int64_t max_tile_rows, int64_t min_partition_keys, int64_t items_per_thread) {
+        kernels::set_attention_tuning({max_tile_rows, min_partition_keys, items_per_thread});
+      },
+      py::arg("max_tile_rows") = 0, py::arg("min_partition_keys") = 0, py::arg("items_per_thread") = 0,
+      "Work-planning knobs of paged_attention (tests, benchmarks); 0 restores a default.");
+}
 // ---- kernels: end ----
 
 }  // namespace

@@ -53,8 +53,9 @@ class Scheduler {
   // Decides this step. Must be followed by update() before the next schedule().
   SchedulerOutput schedule();
   // Advances every scheduled sequence by its granted tokens and appends one sampled token per
-  // sample row (SchedulerOutput::sample_seq_ids order); reports the sequences that finished.
-  UpdateResult update(const std::vector<TokenId>& sampled_token_ids);
+  // sample row (SchedulerOutput::sample_seq_ids order); `forks` add children of sampled
+  // sequences that share their blocks (n > 1). Reports the sequences that finished.
+  UpdateResult update(const std::vector<TokenId>& sampled_token_ids, const std::vector<SampleFork>& forks = {});
 
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   const Sequence* find(SeqId seq_id) const;
@@ -72,6 +73,7 @@ class Scheduler {
   void preempt(Sequence& victim, SchedulerOutput& out);
   void finish(Sequence& seq, FinishReason reason, TokenId stop_token_id);
   bool should_stop(Sequence& seq, TokenId token, FinishReason* reason) const;
+  Sequence* make_child(const Sequence& parent, SeqId child_id);
   void move(Sequence& seq, SeqStatus to);
   void flush_finished();
   void fill_block_tables(SchedulerOutput& out) const;

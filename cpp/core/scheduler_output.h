@@ -56,6 +56,14 @@ struct SchedulerOutput {
   int32_t num_tokens() const { return static_cast<int32_t>(input_ids.size()); }
 };
 
+// A sample row drawn several times (n > 1): the child shares the parent's blocks and takes
+// `token_id` as its first sampled token; the parent takes the row's token from sampled_token_ids.
+struct SampleFork {
+  SeqId parent_id;
+  SeqId child_id;
+  TokenId token_id;
+};
+
 // What update() reports: sequences that finished with this step's tokens.
 struct UpdateResult {
   std::vector<SeqId> finished_seq_ids;        // [F]

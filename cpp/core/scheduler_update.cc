@@ -68,12 +68,7 @@ void Scheduler::fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_toke
     throw std::invalid_argument("fork_sequence: parent " + str(parent_id) + " is not running");
   }
   if (seqs_.count(child_id)) throw std::invalid_argument("fork_sequence: id " + str(child_id) + " is already in use");
-  auto child = std::make_unique<Sequence>(*parent);
-  child->seq_id = child_id;
-  child->num_scheduled_tokens = 0;
-  child->num_preemptions = 0;
-  child->block_table.clear();
-  kv_.fork(*parent, *child);
+  Sequence* child = make_child(*parent, child_id);
   if (last_token_id >= 0) {
     // Only a token without KV yet may differ; the blocks up to it are shared.
     if (child->num_computed_tokens != child->num_tokens() - 1) {
@@ -82,9 +77,20 @@ void Scheduler::fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_toke
     child->token_ids.back() = last_token_id;
     child->block_hashes.resize(std::min<size_t>(child->block_hashes.size(), child->num_computed_tokens / config_.block_size));
   }
-  if (trace_ptr_) trace_.add(TraceEventType::kFork, child_id, parent_id, 0);
-  running_.insert(child.get());
+}
+
+Sequence* Scheduler::make_child(const Sequence& parent, SeqId child_id) {
+  auto child = std::make_unique<Sequence>(parent);
+  child->seq_id = child_id;
+  child->num_scheduled_tokens = 0;
+  child->num_preemptions = 0;
+  child->block_table.clear();
+  kv_.fork(parent, *child);
+  if (trace_ptr_) trace_.add(TraceEventType::kFork, child_id, parent.seq_id, 0);
+  Sequence* raw = child.get();
+  running_.insert(raw);
   seqs_.emplace(child_id, std::move(child));
+  return raw;
 }
 
 void Scheduler::append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids) {
@@ -149,7 +155,7 @@ bool Scheduler::should_stop(Sequence& seq, TokenId token, FinishReason* reason) 
   return false;
 }
 
-UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids) {
+UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids, const std::vector<SampleFork>& forks) {
   if (!step_in_flight_) throw std::logic_error("update() without a scheduled step: call schedule() first");
   if (sampled_token_ids.size() != sampled_.size()) {
     throw std::invalid_argument("update() got " + str(static_cast<int64_t>(sampled_token_ids.size())) +
@@ -159,6 +165,22 @@ UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids) {
   for (TokenId t : sampled_token_ids) {
     if (t < 0) throw std::invalid_argument("update(): sampled token ids must be >= 0, got " + str(t));
   }
+  // Check every fork before changing anything, so a bad call leaves the step intact.
+  std::vector<Sequence*> fork_parents(forks.size());
+  for (size_t f = 0; f < forks.size(); ++f) {
+    auto it = seqs_.find(forks[f].parent_id);
+    const bool sampled = it != seqs_.end() &&
+                         std::find(sampled_.begin(), sampled_.end(), it->second.get()) != sampled_.end();
+    if (!sampled) {
+      throw std::invalid_argument("update(): fork parent " + str(forks[f].parent_id) + " was not sampled this step");
+    }
+    if (forks[f].token_id < 0) throw std::invalid_argument("update(): fork token ids must be >= 0");
+    const bool id_taken = seqs_.count(forks[f].child_id) > 0 ||
+                          std::any_of(forks.begin(), forks.begin() + static_cast<std::ptrdiff_t>(f),
+                                      [&](const SampleFork& g) { return g.child_id == forks[f].child_id; });
+    if (id_taken) throw std::invalid_argument("update(): fork child id " + str(forks[f].child_id) + " is already in use");
+    fork_parents[f] = it->second.get();
+  }
   UpdateResult result;
   // Sequences aborted while the step ran are finished already and skipped throughout.
   for (Sequence* seq : scheduled_) {
@@ -166,20 +188,33 @@ UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids) {
     seq->num_computed_tokens += seq->num_scheduled_tokens;
     seq->num_scheduled_tokens = 0;
   }
+  // Children copy the parent before it takes its own token: same KV, same shared blocks.
+  std::vector<Sequence*> stop_candidates;
+  std::vector<TokenId> stop_tokens;
+  for (size_t f = 0; f < forks.size(); ++f) {
+    if (fork_parents[f]->finished()) continue;
+    Sequence* child = make_child(*fork_parents[f], forks[f].child_id);
+    child->token_ids.push_back(forks[f].token_id);
+    stop_candidates.push_back(child);
+    stop_tokens.push_back(forks[f].token_id);
+  }
   for (size_t j = 0; j < sampled_.size(); ++j) {
-    if (!sampled_[j]->finished()) sampled_[j]->token_ids.push_back(sampled_token_ids[j]);
+    if (sampled_[j]->finished()) continue;
+    sampled_[j]->token_ids.push_back(sampled_token_ids[j]);
+    stop_candidates.push_back(sampled_[j]);
+    stop_tokens.push_back(sampled_token_ids[j]);
   }
   // Full computed blocks become findable before a finished sequence releases them.
   for (Sequence* seq : scheduled_) {
     if (!seq->finished()) kv_.register_computed_blocks(*seq);
   }
   bool any_finished = false;
-  for (size_t j = 0; j < sampled_.size(); ++j) {
-    Sequence& seq = *sampled_[j];
+  for (size_t j = 0; j < stop_candidates.size(); ++j) {
+    Sequence& seq = *stop_candidates[j];
     FinishReason reason;
-    if (seq.finished() || !should_stop(seq, sampled_token_ids[j], &reason)) continue;
+    if (!should_stop(seq, stop_tokens[j], &reason)) continue;
     kv_.free(seq);
-    finish(seq, reason, reason == FinishReason::kStop ? sampled_token_ids[j] : -1);
+    finish(seq, reason, reason == FinishReason::kStop ? stop_tokens[j] : -1);
     result.finished_seq_ids.push_back(seq.seq_id);
     result.finish_reasons.push_back(static_cast<int32_t>(reason));
     result.stop_token_ids.push_back(seq.stop_token_id);

@@ -166,3 +166,31 @@ def test_misuse_raises_instead_of_crashing():
         s.update([])
     with pytest.raises(IndexError):
         s.gpu_pool.ref_count(99)
+
+
+def test_fork_in_update_for_parallel_samples():
+    s = make()
+    s.add_sequence(1, np.arange(6) + 10, max_tokens=3, eos_token_ids=[2])
+    out = s.schedule()
+    # One prompt row sampled three times: parent takes 50, children 60 and 2 (EOS).
+    res = s.update([50], forks=[[1, 2, 60], [1, 3, 2]])
+    assert res.finished_seq_ids.tolist() == [3]
+    assert s.get_sequence(2).token_ids[-1] == 60
+    assert s.get_sequence(1).token_ids[-1] == 50
+    assert s.running_ids() == [1, 2]
+    assert [s.gpu_pool.ref_count(b) for b in s.get_sequence(1).block_table] == [2, 2]
+    out = s.schedule()
+    assert out.blocks_to_copy.tolist() == [[1, 2]]          # both write into shared block 1
+    s.update([51, 61])
+    with pytest.raises(ValueError, match="not sampled"):
+        s.schedule()
+        s.update([1, 1], forks=[[7, 8, 1]])
+
+
+def test_fork_in_update_with_max_tokens_one_finishes_all():
+    s = make()
+    s.add_sequence(1, [5, 6, 7], max_tokens=1)
+    s.schedule()
+    res = s.update([9], forks=[[1, 2, 8]])
+    assert sorted(res.finished_seq_ids.tolist()) == [1, 2]
+    assert s.gpu_pool.num_free_blocks == 16

@@ -78,8 +78,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.fork_sequence(parent, child, token)
         self.live.add(child)
 
-    @rule(eos_rate=st.floats(0, 0.3))
-    def step(self, eos_rate):
+    @rule(eos_rate=st.floats(0, 0.3), num_forks=st.integers(0, 2))
+    def step(self, eos_rate, num_forks):
         out = self.s.schedule()
         self.check_step(out)
         for name, happened in (("preempted", len(out.preempted_seq_ids)), ("swapped out", len(out.blocks_to_swap_out)),
@@ -89,7 +89,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 event(name)
         n = len(out.sample_seq_ids)
         tokens = np.where(self.rng.random(n) < eos_rate, EOS, self.rng.integers(10, 900, n))
-        res = self.s.update(tokens)
+        forks = []
+        for parent in out.sample_seq_ids.tolist()[:num_forks]:   # n > 1: a row sampled again
+            forks.append([parent, self.next_id, int(self.rng.integers(10, 900))])
+            self.live.add(self.next_id)
+            self.next_id += 1
+        res = self.s.update(tokens, forks=np.array(forks, dtype=np.int64).reshape(-1, 3))
         for sid in res.finished_seq_ids.tolist():
             self.live.discard(sid)
         running = set(self.s.running_ids())
