@@ -1,0 +1,135 @@
+"""A GGUF file -> ModelConfig, HF-named weights (dequantised, Q/K rows un-permuted) and tokenizer.
+
+llama.cpp's converter reorders the rows of Llama's Q and K projections so that each head's two
+RoPE halves interleave (its rope pairs adjacent dims; HF's rotate_half pairs dim i with i + d/2):
+
+    HF rows of one head:    [x0 x1 ... x(d/2-1) | y0 y1 ... y(d/2-1)]      (halves)
+    GGUF rows of one head:  [x0 y0 x1 y1 ... ]                              (pairs)
+
+We undo it per head: view the rows as [heads, d/2, 2] and swap the last two axes back. Only the
+"llama" architecture is permuted; llama.cpp writes Qwen2/Qwen3 rows in HF order already.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from pagedcore.loader.errors import ModelLoadError
+from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, is_supported
+from pagedcore.loader.gguf_file import GGUFFile
+from pagedcore.model_config import ModelConfig
+from pagedcore.models.llama import ROPE_FREQ_FACTORS
+from pagedcore.models.registry import GGUF_ARCHITECTURES
+
+# GGUF tensor name -> HF name.
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": ROPE_FREQ_FACTORS,
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not part of a Llama/Qwen2/Qwen3 model")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def config_from_gguf(gguf: GGUFFile, dtype: str) -> ModelConfig:
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"{gguf.path} holds a {arch!r} model; pagedcore runs GGUF architectures "
+                             f"{sorted(GGUF_ARCHITECTURES)}")
+    for info in gguf.tensors.values():  # before any work: name every unsupported tensor type at once
+        if not is_supported(info.ggml_type):
+            bad = sorted({i.type_name for i in gguf.tensors.values() if not is_supported(i.ggml_type)})
+            raise ModelLoadError(f"{gguf.path} has tensors of type {bad} (e.g. {info.name!r}); pagedcore "
+                                 f"dequantises {list(SUPPORTED_TYPES)}: use a GGUF of one of those types")
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"{gguf.path} lacks metadata {arch}.{key}, which the model needs")
+        return value
+
+    num_heads = get("attention.head_count")
+    num_kv_heads = get("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):
+        raise ModelLoadError(f"{gguf.path} has a different number of KV heads per layer; not supported")
+    hidden_size = get("embedding_length")
+    head_dim = get("attention.key_length", hidden_size // num_heads)
+    if get("rope.dimension_count", head_dim) != head_dim:
+        raise ModelLoadError(f"{gguf.path} rotates {get('rope.dimension_count')} of {head_dim} head dims "
+                             "(partial RoPE); pagedcore supports full-head RoPE only")
+    tokens = meta.get("tokenizer.ggml.tokens", ())
+    vocab_size = meta.get(f"{arch}.vocab_size") or len(tokens) or gguf.tensors["token_embd.weight"].shape[0]
+    eos_ids = [meta[f"tokenizer.ggml.{key}"] for key in ("eos_token_id", "eot_token_id", "eom_token_id")
+               if f"tokenizer.ggml.{key}" in meta]  # llama.cpp stops on all of them
+    return ModelConfig(
+        architecture=GGUF_ARCHITECTURES[arch],
+        hidden_size=hidden_size,
+        intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab_size,
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
+        rope_theta=get("rope.freq_base", 10000.0),
+        rope_scaling=_rope_scaling(gguf, arch),
+        max_position_embeddings=get("context_length"),
+        tie_word_embeddings="output.weight" not in gguf.tensors,
+        attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in gguf.tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(eos_ids)),
+        dtype=dtype,
+    )
+
+
+def _rope_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any] | None:
+    rope_type = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    if rope_type == "none":
+        return None  # Llama 3.1 files keep their rescaling in the rope_freqs tensor instead
+    if rope_type == "linear":
+        return {"rope_type": "linear", "factor": gguf.metadata[f"{arch}.rope.scaling.factor"]}
+    raise ModelLoadError(f"{gguf.path} uses RoPE scaling {rope_type!r}; pagedcore supports none and linear "
+                         "in GGUF files (and llama3 through rope_freqs)")
+
+
+def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every tensor of the file, read once, straight from the map."""
+    permuted = gguf.metadata["general.architecture"] == "llama"
+    for info in gguf.tensors.values():
+        name = hf_name(info.name)
+        tensor = dequantize(gguf.raw(info), info.ggml_type, info.shape)  # [out, in] / [dim]
+        if permuted and ".q_proj." in name:
+            tensor = _unpermute_rows(tensor, config.num_heads)
+        elif permuted and ".k_proj." in name:
+            tensor = _unpermute_rows(tensor, config.num_kv_heads)
+        yield name, tensor
+
+
+def _unpermute_rows(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[num_heads * head_dim, ...] from llama.cpp's interleaved RoPE pairs back to HF halves (see top)."""
+    rows = tensor.shape[0]
+    rest = tensor.shape[1:]
+    pairs = tensor.reshape(num_heads, rows // num_heads // 2, 2, *rest)  # [heads, d/2, 2, ...]
+    return pairs.transpose(1, 2).reshape(rows, *rest)  # [heads, 2, d/2, ...] flattened
