@@ -9,15 +9,15 @@
 #include <optional>
 
 #include "core/block_pool.h"
-#include "kernels/cache_kernels.h"
-#include "kernels/cpu_isa.h"
-#include "kernels/paged_attention.h"
-#include "kernels/parallel.h"
 #include "core/scheduler.h"
 #ifdef PAGEDCORE_HAS_CUDA
 #include "device_info.h"
 #endif
 
+#include "kernels/cache_kernels.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/paged_attention.h"
+#include "kernels/parallel.h"
 namespace py = pybind11;
 using namespace pagedcore;
 

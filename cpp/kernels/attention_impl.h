@@ -1,0 +1,316 @@
+// The paged-attention work-item kernel, written once against a vector trait V (simd_*.h) and
+// compiled once per instruction set: attention_<isa>.cc defines PC_ISA_NAMESPACE and PC_VEC, then
+// includes this file. Everything here lives in that per-ISA namespace and calls no shared inline
+// function (see attention_kernel.h for why).
+//
+// One work item = a tile of M = rows x group query vectors (all query heads of one kv head for a
+// few query rows) against the keys of one sequence, block by block, with an online softmax:
+//
+//   for each K/V block b of the item's key range (block_size keys, head_size each):
+//     S[M, n]  = Qs[M, D] . K_b[n, D]^T        (Qs pre-scaled; dot products, 2 rows x 4 keys per
+//                                              register tile, horizontal sums 4 at a time)
+//     per row: mask keys past the row's position, m' = max(m, max S), p = exp(S - m'),
+//              l = l * exp(m - m') + sum p
+//     acc[M, D] = acc * exp(m - m') + P[M, n] . V_b[n, D]   (4 rows x 2 vectors per register tile)
+//
+// bf16 blocks are widened to fp32 into a per-thread buffer first (once per block, not per row);
+// fp32 blocks are read in place.
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE and PC_VEC before including attention_impl.h"
+#endif
+
+#include <cstdint>
+
+#include "kernels/attention_kernel.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+using V = PC_VEC;
+using R = V::R;
+constexpr int W = V::W;
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+constexpr float kNegInf = -__builtin_inff();
+
+// S[m, j] = Qs[m, :] . K[j, :] for rows [m, m + MR) and keys [0, n).
+//   Qs [*, D] row stride D;  K [n, D] row stride D;  S [*, s_stride]
+template <int MR, int kD>
+inline void qk_rows(const float* Qs, const float* K, float* S, int64_t m, int64_t n, int64_t D_rt,
+                    int64_t s_stride) {
+  const int64_t D = kD ? kD : D_rt;
+  const float* q[MR];
+  float* s[MR];
+  for (int i = 0; i < MR; ++i) {
+    q[i] = Qs + (m + i) * D;
+    s[i] = S + (m + i) * s_stride;
+  }
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* k = K + j * D;
+    R acc[MR][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+      for (int t = 0; t < 4; ++t) acc[i][t] = V::zero();
+    for (int64_t c = 0; c < D; c += W) {
+      R x[MR];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) x[i] = V::load(q[i] + c);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const R y = V::load(k + t * D + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i][t] = V::fmadd(x[i], y, acc[i][t]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) V::reduce_add4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], s[i] + j);
+  }
+  for (; j < n; ++j) {
+    const float* k = K + j * D;
+    R acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = V::zero();
+    for (int64_t c = 0; c < D; c += W) {
+      const R y = V::load(k + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) acc[i] = V::fmadd(V::load(q[i] + c), y, acc[i]);
+    }
+    for (int i = 0; i < MR; ++i) s[i][j] = V::reduce_add(acc[i]);
+  }
+}
+
+// acc[m + i, :] = acc[m + i, :] * alpha[m + i] + sum_j P[m + i, j] * Vb[j, :] for i < MR.
+//   P [*, s_stride];  Vb [n, D] row stride D;  acc [*, D]
+template <int MR, int kD>
+inline void pv_rows(const float* P, const float* Vb, float* acc, const float* alpha, int64_t m,
+                    int64_t n, int64_t D_rt, int64_t s_stride) {
+  const int64_t D = kD ? kD : D_rt;
+  const float* p[MR];
+  float* a[MR];
+  R scale[MR];
+  for (int i = 0; i < MR; ++i) {
+    p[i] = P + (m + i) * s_stride;
+    a[i] = acc + (m + i) * D;
+    scale[i] = V::set1(alpha[m + i]);
+  }
+  int64_t c = 0;
+  for (; c + 2 * W <= D; c += 2 * W) {
+    R r[MR][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      r[i][0] = V::mul(V::load(a[i] + c), scale[i]);
+      r[i][1] = V::mul(V::load(a[i] + c + W), scale[i]);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const R v0 = V::load(Vb + j * D + c);
+      const R v1 = V::load(Vb + j * D + c + W);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const R pj = V::set1(p[i][j]);
+        r[i][0] = V::fmadd(pj, v0, r[i][0]);
+        r[i][1] = V::fmadd(pj, v1, r[i][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      V::store(a[i] + c, r[i][0]);
+      V::store(a[i] + c + W, r[i][1]);
+    }
+  }
+  if (c < D) {  // head_size / W is odd: one vector left
+    R r[MR];
+    for (int i = 0; i < MR; ++i) r[i] = V::mul(V::load(a[i] + c), scale[i]);
+    for (int64_t j = 0; j < n; ++j) {
+      const R v0 = V::load(Vb + j * D + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) r[i] = V::fmadd(V::set1(p[i][j]), v0, r[i]);
+    }
+    for (int i = 0; i < MR; ++i) V::store(a[i] + c, r[i]);
+  }
+}
+
+// Online-softmax step of one row: scores s[0, n_visible) are live, s[n_visible, n_padded) are
+// masked (set to -inf here, so exp gives exactly 0). Turns s into probabilities in place and
+// returns the factor by which the row's accumulator must be rescaled.
+inline float softmax_row(float* s, int64_t n_visible, int64_t n_padded, float* m_run, float* l_run) {
+  for (int64_t j = n_visible; j < n_padded; ++j) s[j] = kNegInf;
+  R mx = V::set1(kNegInf);
+  for (int64_t j = 0; j < n_padded; j += W) mx = V::max(mx, V::load(s + j));
+  const float m_old = *m_run;
+  const float block_max = V::reduce_max(mx);
+  const float m_new = block_max > m_old ? block_max : m_old;
+  const float alpha = m_old == kNegInf ? 0.f : __builtin_expf(m_old - m_new);
+  const R shift = V::set1(m_new);
+  R sum = V::zero();
+  for (int64_t j = 0; j < n_padded; j += W) {
+    const R e = V::exp(V::sub(V::load(s + j), shift));
+    V::store(s + j, e);
+    sum = V::add(sum, e);
+  }
+  *m_run = m_new;
+  *l_run = *l_run * alpha + V::reduce_add(sum);
+  return alpha;
+}
+
+template <int kD>
+inline void widen_rows(const uint16_t* src, float* dst, int64_t n, int64_t D_rt) {
+  const int64_t count = n * (kD ? kD : D_rt);
+  for (int64_t c = 0; c < count; c += W) V::store(dst + c, V::load_bf16(src + c));
+}
+
+template <int kD>
+inline void load_row(const void* src, DType dtype, float* dst, float scale, int64_t D_rt) {
+  const int64_t D = kD ? kD : D_rt;
+  const R sc = V::set1(scale);
+  if (dtype == DType::kFloat32) {
+    const float* f = static_cast<const float*>(src);
+    for (int64_t c = 0; c < D; c += W) V::store(dst + c, V::mul(V::load(f + c), sc));
+  } else {
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    for (int64_t c = 0; c < D; c += W) V::store(dst + c, V::mul(V::load_bf16(h + c), sc));
+  }
+}
+
+template <int kD>
+inline void store_row(const float* src, float scale, void* dst, DType dtype, int64_t D_rt) {
+  const int64_t D = kD ? kD : D_rt;
+  const R sc = V::set1(scale);
+  if (dtype == DType::kFloat32) {
+    float* f = static_cast<float*>(dst);
+    for (int64_t c = 0; c < D; c += W) V::store(f + c, V::mul(V::load(src + c), sc));
+  } else {
+    uint16_t* h = static_cast<uint16_t*>(dst);
+    for (int64_t c = 0; c < D; c += W) V::store_bf16(h + c, V::mul(V::load(src + c), sc));
+  }
+}
+
+// Calls f(m, mr) over rows [m0, M) in tiles of kTile rows, then once with the remainder (< kTile).
+template <int kTile, typename F>
+inline void for_row_tiles(int64_t m0, int64_t M, F&& f) {
+  int64_t m = m0;
+  for (; m + kTile <= M; m += kTile) f(m, kTile);
+  if (m < M) f(m, static_cast<int>(M - m));
+}
+
+template <int kD>
+void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item,
+                    const AttentionScratchLayout& layout, float* scratch,
+                    const AttentionPartials& partials) {
+  const int64_t D = kD ? kD : p.head_size;
+  const int64_t BS = p.block_size;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t g = item.kv_head;
+  const int64_t q_begin = p.query_start_loc[item.seq];
+  const int64_t q_len = p.query_start_loc[item.seq + 1] - q_begin;
+  const int64_t first_pos = p.seq_lens[item.seq] - q_len + item.row_begin;  // position of tile row 0
+  const int64_t rows = item.row_end - item.row_begin;
+  const int64_t M = rows * group;
+  const int64_t s_stride = layout.s_stride;
+
+  float* Qs = scratch + layout.q;      // [M, D]
+  float* acc = scratch + layout.acc;   // [M, D]
+  float* S = scratch + layout.s;       // [M, s_stride]
+  float* Kst = scratch + layout.k;     // [BS, D]
+  float* Vst = scratch + layout.v;     // [BS, D]
+  float* m_run = scratch + layout.m;   // [M]
+  float* l_run = scratch + layout.l;   // [M]
+  float* alpha = scratch + layout.alpha;  // [M]
+
+  // Tile row m = r * group + h  <-  query[q_begin + row_begin + r, g * group + h, :] * scale
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = q_begin + item.row_begin + r;
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t head = g * group + h;
+      const int64_t off = token * p.q_stride_token + head * p.q_stride_head;
+      const void* src = p.q_dtype == DType::kFloat32
+                            ? static_cast<const void*>(static_cast<const float*>(p.query) + off)
+                            : static_cast<const void*>(static_cast<const uint16_t*>(p.query) + off);
+      load_row<kD>(src, p.q_dtype, Qs + (r * group + h) * D, p.scale, D);
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    m_run[m] = kNegInf;
+    l_run[m] = 0.f;
+  }
+  for (int64_t i = 0; i < M * D; i += W) V::store(acc + i, V::zero());
+
+  const int32_t* block_table = p.block_tables + item.seq * p.max_blocks_per_seq;
+  const bool bf16_cache = p.cache_dtype == DType::kBFloat16;
+  // Elements of one [block_size, head_size] plane (one block, one kv head).
+  const int64_t plane = BS * D;
+  for (int64_t b = item.key_begin / BS; b * BS < item.key_end; ++b) {
+    const int64_t block_start = b * BS;                 // position of the block's row 0
+    const int64_t n = imin(BS, item.key_end - block_start);  // keys of this block in range
+    // Tile rows before block_start see none of this block; rows are in position order.
+    const int64_t first_row = imax(0, block_start - first_pos);
+    if (first_row >= rows) break;
+    const int64_t m0 = first_row * group;
+    // key_cache[block, g] is the plane at ((block * num_kv_heads + g) * block_size) * head_size.
+    const int64_t base = (static_cast<int64_t>(block_table[b]) * p.num_kv_heads + g) * plane;
+    const float* Kb;
+    const float* Vb;
+    if (bf16_cache) {
+      widen_rows<kD>(static_cast<const uint16_t*>(p.key_cache) + base, Kst, n, D);
+      widen_rows<kD>(static_cast<const uint16_t*>(p.value_cache) + base, Vst, n, D);
+      Kb = Kst;
+      Vb = Vst;
+    } else {
+      Kb = static_cast<const float*>(p.key_cache) + base;
+      Vb = static_cast<const float*>(p.value_cache) + base;
+    }
+    for_row_tiles<2>(m0, M, [&](int64_t m, int mr) {
+      if (mr == 2) qk_rows<2, kD>(Qs, Kb, S, m, n, D, s_stride);
+      else qk_rows<1, kD>(Qs, Kb, S, m, n, D, s_stride);
+    });
+    const int64_t n_padded = (n + W - 1) / W * W;
+    for (int64_t m = m0; m < M; ++m) {
+      const int64_t pos = first_pos + m / group;
+      const int64_t n_visible = imin(n, pos - block_start + 1);
+      alpha[m] = softmax_row(S + m * s_stride, n_visible, n_padded, m_run + m, l_run + m);
+    }
+    for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+      switch (mr) {
+        case 4: pv_rows<4, kD>(S, Vb, acc, alpha, m, n, D, s_stride); break;
+        case 3: pv_rows<3, kD>(S, Vb, acc, alpha, m, n, D, s_stride); break;
+        case 2: pv_rows<2, kD>(S, Vb, acc, alpha, m, n, D, s_stride); break;
+        default: pv_rows<1, kD>(S, Vb, acc, alpha, m, n, D, s_stride); break;
+      }
+    });
+  }
+
+  if (item.partial_index >= 0) {
+    const int64_t k = static_cast<int64_t>(item.partial_index) * layout.max_rows;
+    for (int64_t m = 0; m < M; ++m) {
+      partials.m[k + m] = m_run[m];
+      partials.l[k + m] = l_run[m];
+      float* dst = partials.acc + (k + m) * D;
+      for (int64_t c = 0; c < D; c += W) V::store(dst + c, V::load(acc + m * D + c));
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = q_begin + item.row_begin + r;
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t m = r * group + h;
+      const int64_t off = token * p.out_stride_token + (g * group + h) * p.out_stride_head;
+      void* dst = p.q_dtype == DType::kFloat32
+                      ? static_cast<void*>(static_cast<float*>(p.out) + off)
+                      : static_cast<void*>(static_cast<uint16_t*>(p.out) + off);
+      // l > 0: every row sees position 0 of its sequence in an unpartitioned item.
+      store_row<kD>(acc + m * D, 1.f / l_run[m], dst, p.q_dtype, D);
+    }
+  }
+}
+
+AttentionItemFn attention_item_fn(int64_t head_size) {
+  if (head_size % W != 0) return nullptr;
+  if (head_size == 64) return &attention_item<64>;
+  if (head_size == 128) return &attention_item<128>;
+  return &attention_item<0>;
+}
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

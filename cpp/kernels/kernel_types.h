@@ -1,0 +1,50 @@
+// Types shared by the CPU kernels and their callers: dtype codes, the status a launcher returns,
+// scalar bf16 conversion. Torch-free and Python-free.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace pagedcore {
+namespace kernels {
+
+// Element type of an activation or cache buffer. The codes are shared with python/pagedcore/kernels.py.
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
+
+inline bool valid_dtype(int32_t code) { return code == 0 || code == 1; }
+inline int64_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// What a launcher returns: ok, or which argument is wrong and how. Nothing has been written when a
+// launcher returns an error: all checks run before any store.
+struct Status {
+  enum Code { kOk = 0, kInvalidArgument = 1, kOutOfRange = 2 };
+  Code code = kOk;
+  std::string message;
+
+  static Status ok() { return {}; }
+  static Status invalid(std::string msg) { return {kInvalidArgument, std::move(msg)}; }
+  static Status out_of_range(std::string msg) { return {kOutOfRange, std::move(msg)}; }
+  bool is_ok() const { return code == kOk; }
+};
+
+// bf16 is stored as the high 16 bits of an IEEE float32 (uint16_t in memory).
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest, ties to even (what torch's .to(torch.bfloat16) does); NaN stays a quiet NaN.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

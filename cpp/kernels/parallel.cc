@@ -1,0 +1,192 @@
+#include "kernels/parallel.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+
+#ifdef PAGEDCORE_KERNELS_OPENMP
+#include <omp.h>
+#endif
+
+namespace pagedcore {
+namespace kernels {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+int affinity_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// A persistent pool: the caller is thread 0, workers are 1..n-1. Workers spin for a short while
+// (PAGEDCORE_POOL_SPIN_US, default 20 us) after a job before sleeping on a condition variable, so
+// back-to-back kernel calls (one per layer) skip the futex wake-up; they never spin longer, so a
+// torch GEMM that follows gets the cores.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
+    if (const char* env = std::getenv("PAGEDCORE_POOL_SPIN_US")) spin_us_ = std::atoi(env);
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      generation_.fetch_add(1);
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  int num_threads() const { return num_threads_; }
+
+  void run(int num_tasks, TaskFn fn, void* ctx) {
+    std::lock_guard<std::mutex> call_lock(call_mu_);  // one job at a time (two Python threads)
+    int helpers = num_tasks - 1 < num_threads_ - 1 ? num_tasks - 1 : num_threads_ - 1;
+    fn_ = fn;
+    ctx_ = ctx;
+    num_tasks_ = num_tasks;
+    next_task_.store(0);
+    max_helper_ = helpers;
+    pending_.store(num_threads_ - 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generation_.fetch_add(1);
+    }
+    cv_.notify_all();
+    work(0);
+    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  }
+
+ private:
+  void work(int thread) {
+    for (;;) {
+      int task = next_task_.fetch_add(1, std::memory_order_relaxed);
+      if (task >= num_tasks_) break;
+      fn_(ctx_, task, thread);
+    }
+  }
+  void worker_loop(int thread) {
+    uint64_t seen = 0;
+    for (;;) {
+      auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      while (generation_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < spin_end) {
+        cpu_relax();
+      }
+      if (generation_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return generation_.load() != seen; });
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_) return;
+      if (thread <= max_helper_) work(thread);
+      pending_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  const int num_threads_;
+  int spin_us_ = 20;
+  std::vector<std::thread> workers_;
+  std::mutex call_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  bool stop_ = false;
+  TaskFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int num_tasks_ = 0;
+  int max_helper_ = 0;
+  std::atomic<int> next_task_{0};
+  std::atomic<int> pending_{0};
+};
+
+ThreadPool& pool() {
+  // Leaked on purpose: joining threads from a static destructor at interpreter exit can deadlock.
+  static ThreadPool* p = new ThreadPool(affinity_cpus());
+  return *p;
+}
+
+Threading initial_threading() {
+  const char* env = std::getenv("PAGEDCORE_KERNEL_THREADING");
+  if (env && std::strcmp(env, "pool") == 0) return Threading::kPool;
+  return openmp_available() ? Threading::kOpenMP : Threading::kPool;
+}
+
+std::atomic<int>& threading_slot() {
+  static std::atomic<int> slot{static_cast<int>(initial_threading())};
+  return slot;
+}
+
+}  // namespace
+
+bool openmp_available() {
+#ifdef PAGEDCORE_KERNELS_OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+Threading active_threading() { return static_cast<Threading>(threading_slot().load()); }
+
+void set_active_threading(Threading threading) {
+  if (!openmp_available()) threading = Threading::kPool;
+  threading_slot().store(static_cast<int>(threading));
+}
+
+int max_threads() {
+#ifdef PAGEDCORE_KERNELS_OPENMP
+  if (active_threading() == Threading::kOpenMP) return omp_get_max_threads();
+#endif
+  return pool().num_threads();
+}
+
+void parallel_for_raw(int num_tasks, TaskFn fn, void* ctx) {
+  if (num_tasks <= 0) return;
+  if (num_tasks == 1) {
+    fn(ctx, 0, 0);
+    return;
+  }
+#ifdef PAGEDCORE_KERNELS_OPENMP
+  if (active_threading() == Threading::kOpenMP) {
+    int nt = omp_get_max_threads();
+    if (nt > num_tasks) nt = num_tasks;
+    if (nt <= 1 || omp_in_parallel()) {
+      for (int t = 0; t < num_tasks; ++t) fn(ctx, t, 0);
+      return;
+    }
+    std::atomic<int> next{0};
+#pragma omp parallel num_threads(nt)
+    {
+      int thread = omp_get_thread_num();
+      for (;;) {
+        int task = next.fetch_add(1, std::memory_order_relaxed);
+        if (task >= num_tasks) break;
+        fn(ctx, task, thread);
+      }
+    }
+    return;
+  }
+#endif
+  pool().run(num_tasks, fn, ctx);
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,43 @@
+// How the CPU kernels spread work over cores: a dynamic task loop over OpenMP (default when built
+// with it) or over a small persistent std::thread pool.
+//
+// Why OpenMP by default (measured, see bench/README_attention.md): torch's CPU wheel ships its
+// libgomp under the soname libgomp.so.1, so the dynamic loader maps ours and torch's to one runtime
+// and one thread team. Our parallel regions reuse torch's spinning workers (no wake-up latency) and
+// leave no second team spinning beside torch's GEMMs. A private pool cannot avoid competing with
+// torch's spinning OpenMP workers on a 2-core machine. PAGEDCORE_KERNEL_THREADING=pool selects the
+// pool (e.g. under a torch build whose OpenMP runtime is renamed or is not GNU's).
+#pragma once
+
+#include <type_traits>
+
+namespace pagedcore {
+namespace kernels {
+
+enum class Threading { kOpenMP = 0, kPool = 1 };
+
+// OpenMP when the build has it and PAGEDCORE_KERNEL_THREADING is not "pool".
+Threading active_threading();
+void set_active_threading(Threading threading);  // falls back to kPool without OpenMP
+bool openmp_available();
+
+// Threads a parallel_for may use (OpenMP: omp_get_max_threads(), which follows
+// torch.set_num_threads on the calling thread; pool: the CPUs this process may run on).
+int max_threads();
+
+using TaskFn = void (*)(void* ctx, int task, int thread);
+// Runs fn(ctx, task, thread) for every task in [0, num_tasks) on up to max_threads() threads,
+// tasks handed out in order by an atomic counter; thread is in [0, max_threads()). Returns when
+// all tasks are done.
+void parallel_for_raw(int num_tasks, TaskFn fn, void* ctx);
+
+template <class F>
+void parallel_for(int num_tasks, F&& f) {
+  using Fn = typename std::remove_reference<F>::type;
+  parallel_for_raw(
+      num_tasks, [](void* ctx, int task, int thread) { (*static_cast<Fn*>(ctx))(task, thread); },
+      static_cast<void*>(&f));
+}
+
+}  // namespace kernels
+}  // namespace pagedcore
