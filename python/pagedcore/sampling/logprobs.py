@@ -1,0 +1,69 @@
+"""Logprobs of sampled and prompt positions, from the model's raw distribution (log_softmax of the
+logits before bias, penalties, temperature or truncation: vLLM's default), and their conversion into
+the per-position {token_id: Logprob} dicts of the outputs.
+
+Layout, as vLLM's: column 0 is the token that was sampled (or, for prompts, the actual next token),
+columns 1..k the top-k tokens, most likely first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from pagedcore.outputs import Logprob, PromptLogprobs
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logprobs [R, V] float32, token_ids [R] int64 ->
+    ids [R, num_top + 1] int64, values [R, num_top + 1] float32, ranks [R] int64 (1-based; a token's
+    rank counts every token at least as likely, itself included)."""
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [R, 1]
+    ranks = (logprobs >= chosen).sum(dim=-1)  # [R]
+    if num_top == 0:
+        return token_ids.unsqueeze(1), chosen, ranks
+    top_vals, top_ids = logprobs.topk(num_top, dim=-1)  # [R, num_top]
+    return torch.cat([token_ids.unsqueeze(1), top_ids], 1), torch.cat([chosen, top_vals], 1), ranks
+
+
+def logprob_dicts(ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor,
+                  num_logprobs: Sequence[int | None],
+                  decode: Callable[[int], str] | None = None) -> list[dict[int, Logprob] | None]:
+    """One {token_id: Logprob} per row (None for rows that asked for none): the chosen token first,
+    then that row's own top-N (N = num_logprobs[row] <= the tensors' top width). One .tolist() per
+    tensor: this runs every step."""
+    ids_rows, value_rows, rank_rows = ids.tolist(), values.tolist(), ranks.tolist()
+    out: list[dict[int, Logprob] | None] = []
+    for row, n in enumerate(num_logprobs):
+        if n is None:
+            out.append(None)
+            continue
+        row_ids, row_values = ids_rows[row], value_rows[row]
+        entry = {row_ids[0]: Logprob(row_values[0], rank_rows[row], decode(row_ids[0]) if decode else None)}
+        for rank, (token_id, value) in enumerate(zip(row_ids[1:n + 1], row_values[1:n + 1]), start=1):
+            if token_id not in entry:
+                entry[token_id] = Logprob(value, rank, decode(token_id) if decode else None)
+        out.append(entry)
+    return out
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: Sequence[int], num_logprobs: int,
+                    decode: Callable[[int], str] | None = None) -> PromptLogprobs:
+    """Per prompt position, the logprob of the actual token there plus the top num_logprobs.
+
+    logits [P, V] (or [P - 1, V]): row i is the model's output at prompt position i, which predicts
+    token i + 1; a row for the last position (it predicts the first generated token) is ignored.
+    Returns P entries, the first None.
+    """
+    num_prompt = len(prompt_token_ids)
+    if logits.shape[0] not in (num_prompt, num_prompt - 1):
+        raise ValueError(f"prompt_logprobs needs {num_prompt} or {num_prompt - 1} logit rows for a "
+                         f"{num_prompt}-token prompt, got {logits.shape[0]}")
+    if num_prompt < 2:
+        return [None] * num_prompt
+    raw = logits[: num_prompt - 1].float().log_softmax(dim=-1)  # [P - 1, V]
+    targets = torch.as_tensor(list(prompt_token_ids[1:]), dtype=torch.long, device=logits.device)  # [P - 1]
+    ids, values, ranks = gather_logprobs(raw, targets, num_logprobs)
+    return [None] + logprob_dicts(ids, values, ranks, [num_logprobs] * (num_prompt - 1), decode)

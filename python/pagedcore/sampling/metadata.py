@@ -1,0 +1,223 @@
+"""`SamplingMetadata`: one step's per-row sampling inputs as tensors, built once per step.
+
+Every stage no row needs is left as None so the sampler skips it without looking at a tensor.
+Ragged per-row token lists (penalties, bias, min_tokens bans) become flat (row, token) pairs: a
+stage then touches only the N tokens involved, never a dense [rows, vocab] buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedcore.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenPairs:
+    """A sparse selection of a [rows, vocab] tensor: element i is (row_ids[i], token_ids[i])."""
+
+    row_ids: torch.Tensor  # [N] int64
+    token_ids: torch.Tensor  # [N] int64
+    values: torch.Tensor | None = None  # [N] float32 when each pair carries a value (logit_bias)
+
+
+@dataclass
+class SamplingMetadata:
+    num_rows: int
+    vocab_size: int
+    all_greedy: bool  # the fast path: argmax (after bias/min_tokens/penalties), nothing else
+    greedy_row_ids: torch.Tensor | None  # [G] int64 rows with temperature 0; None unless mixed
+    random_row_ids: torch.Tensor | None  # [M] int64 rows with temperature > 0; None unless mixed
+
+    # Random rows only, indexed by position among them (all rows when none is greedy).
+    temperature: torch.Tensor | None  # [M] float32; None when all greedy
+    top_k: torch.Tensor | None  # [M] int64, vocab_size = off; None when no random row truncates
+    top_p: torch.Tensor | None  # [M] float32, 1 = off
+    min_p: torch.Tensor | None  # [M] float32, 0 = off
+    truncated_rows: torch.Tensor | None  # [T] int64 positions using top-k/top-p/min-p; None = all of them
+    plain_rows: torch.Tensor | None  # [M - T] int64 the other positions; None when empty
+    generators: dict[int, torch.Generator]  # position among random rows -> its own generator
+
+    logit_bias: TokenPairs | None  # pairs with values = bias
+    banned: TokenPairs | None  # EOS and stop ids of rows still short of min_tokens
+    repetition: TokenPairs | None  # prompt + output tokens of rows with repetition_penalty != 1
+    repetition_penalty: torch.Tensor | None  # [num_rows] float32
+    output_tokens: TokenPairs | None  # output tokens of rows with presence or frequency penalty
+    presence_penalty: torch.Tensor | None  # [num_rows] float32
+    frequency_penalty: torch.Tensor | None  # [num_rows] float32
+
+    max_num_logprobs: int | None  # the largest `logprobs` of any row; None = no row wants logprobs
+
+    @classmethod
+    def from_requests(
+        cls,
+        params: Sequence[SamplingParams],
+        *,
+        vocab_size: int,
+        eos_token_ids: Collection[int] = (),
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
+        generators: Sequence[torch.Generator | None] | None = None,
+        num_output_tokens: Sequence[int] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> SamplingMetadata:
+        """One row per entry of params (a request with n > 1 appears n times).
+
+        prompt_token_ids / output_token_ids are only read for rows with penalties; num_output_tokens
+        (default: the lengths of output_token_ids) only for rows with min_tokens; generators[i] must be
+        the row's own, persistent generator (see make_generator) when params[i].seed is set.
+        """
+        num_rows = len(params)
+        if num_rows == 0:
+            raise ValueError("SamplingMetadata needs at least one row")
+        random_rows = [i for i, p in enumerate(params) if p.temperature != 0]
+        num_random = len(random_rows)
+        all_greedy, all_random = num_random == 0, num_random == num_rows
+        mixed = not (all_greedy or all_random)
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device)
+
+        random_params = params if all_random else [params[i] for i in random_rows]
+        temperature = top_k = top_p = min_p = truncated_rows = plain_rows = None
+        row_generators: dict[int, torch.Generator] = {}
+        if not all_greedy:
+            temperature = tensor([p.temperature for p in random_params], torch.float32)
+            truncated = [j for j, p in enumerate(random_params) if p.has_truncation]
+            if truncated:
+                top_k = tensor([p.top_k if p.top_k > 0 else vocab_size for p in random_params], torch.long)
+                top_p = tensor([p.top_p for p in random_params], torch.float32)
+                min_p = tensor([p.min_p for p in random_params], torch.float32)
+                if len(truncated) < num_random:
+                    truncated_set = set(truncated)
+                    truncated_rows = tensor(truncated, torch.long)
+                    plain_rows = tensor([j for j in range(num_random) if j not in truncated_set], torch.long)
+            else:
+                plain_rows = None  # every random row is plain; the sampler checks top_k is None
+            for j, row in enumerate(random_rows):
+                if random_params[j].seed is None:
+                    continue
+                generator = None if generators is None else generators[row]
+                if generator is None:
+                    raise ValueError(
+                        f"row {row} has seed={random_params[j].seed} but no generator; create one per "
+                        "request with make_generator(params) and pass the same object every step")
+                row_generators[j] = generator
+
+        logit_bias = _logit_bias_pairs(params, vocab_size, device)
+        banned = _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device)
+
+        repetition = repetition_penalty = output_tokens = presence = frequency = None
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1]
+        if rep_rows:
+            if prompt_token_ids is None or output_token_ids is None:
+                raise ValueError("repetition_penalty needs prompt_token_ids and output_token_ids")
+            seqs = [prompt_token_ids[i] for i in rep_rows] + [output_token_ids[i] for i in rep_rows]
+            repetition = _pairs(rep_rows + rep_rows, seqs, device)
+            repetition_penalty = tensor([p.repetition_penalty for p in params], torch.float32)
+        po_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0 or p.frequency_penalty != 0]
+        if po_rows:
+            if output_token_ids is None:
+                raise ValueError("presence_penalty / frequency_penalty need output_token_ids")
+            output_tokens = _pairs(po_rows, [output_token_ids[i] for i in po_rows], device)
+            presence = tensor([p.presence_penalty for p in params], torch.float32)
+            frequency = tensor([p.frequency_penalty for p in params], torch.float32)
+
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            num_rows=num_rows,
+            vocab_size=vocab_size,
+            all_greedy=all_greedy,
+            greedy_row_ids=tensor([i for i, p in enumerate(params) if p.temperature == 0], torch.long)
+            if mixed else None,
+            random_row_ids=tensor(random_rows, torch.long) if mixed else None,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            truncated_rows=truncated_rows,
+            plain_rows=plain_rows,
+            generators=row_generators,
+            logit_bias=logit_bias,
+            banned=banned,
+            repetition=repetition,
+            repetition_penalty=repetition_penalty,
+            output_tokens=output_tokens,
+            presence_penalty=presence,
+            frequency_penalty=frequency,
+            max_num_logprobs=max(wanted) if wanted else None,
+        )
+
+
+def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """The request's own generator (None when unseeded). Create once per request (per child for n > 1)
+    and pass the same object every step: its state is what makes the next draw reproducible."""
+    if params.seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed)
+    return generator
+
+
+def _flatten(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Concatenate ragged int sequences (lists, numpy arrays or tensors) -> [N] int64."""
+    if seqs and isinstance(seqs[0], torch.Tensor):
+        return torch.cat([s.reshape(-1).to(torch.long) for s in seqs])
+    if seqs and isinstance(seqs[0], np.ndarray):
+        return torch.from_numpy(np.concatenate(seqs).astype(np.int64, copy=False))
+    return torch.tensor(list(itertools.chain.from_iterable(seqs)), dtype=torch.long)
+
+
+def _pairs(rows: list[int], seqs: Sequence[Sequence[int]], device) -> TokenPairs:
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)  # [len(rows)]
+    row_ids = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), lengths)  # [N]
+    return TokenPairs(row_ids.to(device), _flatten(seqs).to(device))
+
+
+def _check_token(token_id: int, vocab_size: int, what: str):
+    if not 0 <= token_id < vocab_size:
+        raise ValueError(f"{what} holds token id {token_id}, outside the vocabulary [0, {vocab_size})")
+
+
+def _logit_bias_pairs(params, vocab_size, device) -> TokenPairs | None:
+    rows, tokens, values = [], [], []
+    for i, p in enumerate(params):
+        if p.logit_bias:
+            for token_id, bias in p.logit_bias.items():
+                _check_token(token_id, vocab_size, "logit_bias")
+                rows.append(i)
+                tokens.append(token_id)
+                values.append(bias)
+    if not rows:
+        return None
+    return TokenPairs(torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
+                      torch.tensor(values, dtype=torch.float32, device=device))
+
+
+def _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device):
+    rows, tokens = [], []
+    for i, p in enumerate(params):
+        if p.min_tokens == 0:
+            continue
+        if num_output_tokens is not None:
+            num_done = num_output_tokens[i]
+        elif output_token_ids is not None:
+            num_done = len(output_token_ids[i])
+        else:
+            raise ValueError("min_tokens needs num_output_tokens (or output_token_ids)")
+        if num_done >= p.min_tokens:
+            continue
+        # ignore_eos: EOS is not a stop token for this row, so there is nothing to hold back.
+        stop_ids = set(p.stop_token_ids) if p.ignore_eos else set(p.stop_token_ids) | set(eos_token_ids)
+        for token_id in stop_ids:
+            _check_token(token_id, vocab_size, "stop_token_ids / eos_token_ids")
+            rows.append(i)
+            tokens.append(token_id)
+    if not rows:
+        return None
+    return TokenPairs(torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
