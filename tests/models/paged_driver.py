@@ -61,6 +61,7 @@ class PagedDriver:
             query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
             max_query_len=max(len(token_ids) for _, token_ids in chunks),
             max_seq_len=max(seq_lens),
+            num_actual_tokens=query_start_loc[-1] if num_padding else None,
         )
         with torch.inference_mode():
             hidden = self.model(torch.tensor(input_ids, dtype=torch.int64),

@@ -28,6 +28,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
     max_query_len: int  # most new tokens of any sequence this step
     max_seq_len: int  # largest seq_lens entry
+    # Tokens that belong to a sequence (query_start_loc[-1]). Rows past it are padding (e.g. up to a
+    # CUDA-graph batch size): written nowhere (slot -1) and left out of attention. None: no padding.
+    num_actual_tokens: int | None = None
 
 
 class Attention(nn.Module):
@@ -50,7 +53,13 @@ class Attention(nn.Module):
         num_tokens = query.shape[0]
         out = torch.empty(num_tokens, self.num_heads, self.head_dim,  # [num_tokens, num_heads, head_dim]
                           dtype=query.dtype, device=query.device)
-        kernels.paged_attention(out, query, key_cache, value_cache, attn_metadata.block_tables,
+        num_actual = attn_metadata.num_actual_tokens
+        if num_actual is not None and num_actual < num_tokens:
+            out[num_actual:].zero_()  # padding rows: defined values, so no NaN/denormal slow paths later
+            query, out_rows = query[:num_actual], out[:num_actual]
+        else:
+            out_rows = out
+        kernels.paged_attention(out_rows, query, key_cache, value_cache, attn_metadata.block_tables,
                                 attn_metadata.seq_lens, attn_metadata.query_start_loc, self.scale,
                                 attn_metadata.max_query_len, attn_metadata.max_seq_len)
         return out.view(num_tokens, self.num_heads * self.head_dim)
