@@ -1,0 +1,278 @@
+// CPU kernels against naive C++ loops: paged attention over random shuffled block tables (every
+// ISA this CPU runs, fp32 and bf16 caches, GQA, mixed decode/prefill, forced partitions),
+// reshape_and_cache rounding and padding, copy_blocks order, and the launchers' error statuses.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "kernels/cache_kernels.h"
+#include "kernels/paged_attention.h"
+#include "kernels/parallel.h"
+
+using namespace pagedcore::kernels;
+
+namespace {
+
+struct Batch {
+  int64_t num_heads, num_kv_heads, head_size, block_size, num_blocks, max_blocks;
+  std::vector<float> key_cache, value_cache;  // [num_blocks, num_kv_heads, block_size, head_size] fp32
+  std::vector<uint16_t> key_cache_bf16, value_cache_bf16;
+  std::vector<int32_t> block_tables, seq_lens, query_start_loc;
+  std::vector<float> query;  // [num_tokens, num_heads, head_size]
+  int64_t num_tokens() const { return query_start_loc.back(); }
+};
+
+// seqs: (context before this step, query rows). Unused cache slots hold NaN: reading one shows.
+Batch make_batch(const std::vector<std::pair<int, int>>& seqs, int64_t num_heads, int64_t num_kv_heads,
+                 int64_t head_size, int64_t block_size, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  Batch b{num_heads, num_kv_heads, head_size, block_size, 0, 0, {}, {}, {}, {}, {}, {}, {0}, {}};
+  std::vector<int64_t> blocks_per_seq;
+  for (auto [ctx, q] : seqs) {
+    blocks_per_seq.push_back((ctx + q + block_size - 1) / block_size);
+    b.max_blocks = std::max(b.max_blocks, blocks_per_seq.back() + 1);
+    b.num_blocks += blocks_per_seq.back();
+  }
+  b.num_blocks += 5;
+  std::vector<int32_t> ids(b.num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const int64_t plane = block_size * head_size;
+  b.key_cache.assign(b.num_blocks * num_kv_heads * plane, std::numeric_limits<float>::quiet_NaN());
+  b.value_cache = b.key_cache;
+  b.block_tables.assign(seqs.size() * b.max_blocks, -1);
+  size_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int seq_len = seqs[s].first + seqs[s].second;
+    for (int64_t i = 0; i < blocks_per_seq[s]; ++i) b.block_tables[s * b.max_blocks + i] = ids[next++];
+    for (int pos = 0; pos < seq_len; ++pos) {
+      const int64_t block = b.block_tables[s * b.max_blocks + pos / block_size];
+      for (int64_t g = 0; g < num_kv_heads; ++g)
+        for (int64_t d = 0; d < head_size; ++d) {
+          const int64_t at = ((block * num_kv_heads + g) * block_size + pos % block_size) * head_size + d;
+          // bf16-representable values, so the fp32 and bf16 caches hold the same numbers
+          b.key_cache[at] = bf16_to_float(float_to_bf16(normal(rng)));
+          b.value_cache[at] = bf16_to_float(float_to_bf16(normal(rng)));
+        }
+    }
+    b.seq_lens.push_back(seq_len);
+    b.query_start_loc.push_back(b.query_start_loc.back() + seqs[s].second);
+  }
+  for (float f : b.key_cache) b.key_cache_bf16.push_back(float_to_bf16(f));
+  for (float f : b.value_cache) b.value_cache_bf16.push_back(float_to_bf16(f));
+  b.query.resize(b.num_tokens() * num_heads * head_size);
+  for (float& f : b.query) f = normal(rng);
+  return b;
+}
+
+// The obvious triple loop, in double.
+std::vector<float> naive_attention(const Batch& b, float scale) {
+  std::vector<float> out(b.query.size(), 0.f);
+  const int64_t D = b.head_size, group = b.num_heads / b.num_kv_heads;
+  for (size_t s = 0; s + 1 < b.query_start_loc.size(); ++s) {
+    const int q_len = b.query_start_loc[s + 1] - b.query_start_loc[s];
+    for (int j = 0; j < q_len; ++j) {
+      const int64_t token = b.query_start_loc[s] + j;
+      const int64_t pos = b.seq_lens[s] - q_len + j;
+      for (int64_t h = 0; h < b.num_heads; ++h) {
+        const int64_t g = h / group;
+        std::vector<double> score(pos + 1);
+        double mx = -1e300;
+        for (int64_t k = 0; k <= pos; ++k) {
+          const int64_t block = b.block_tables[s * b.max_blocks + k / b.block_size];
+          const float* key = &b.key_cache[((block * b.num_kv_heads + g) * b.block_size + k % b.block_size) * D];
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += double(b.query[(token * b.num_heads + h) * D + d]) * key[d];
+          score[k] = dot * scale;
+          mx = std::max(mx, score[k]);
+        }
+        double sum = 0;
+        for (double& x : score) sum += (x = std::exp(x - mx));
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t k = 0; k <= pos; ++k) {
+            const int64_t block = b.block_tables[s * b.max_blocks + k / b.block_size];
+            acc += score[k] * b.value_cache[((block * b.num_kv_heads + g) * b.block_size + k % b.block_size) * D + d];
+          }
+          out[(token * b.num_heads + h) * D + d] = static_cast<float>(acc / sum);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+PagedAttentionParams params_for(const Batch& b, bool bf16_cache, void* out, float scale) {
+  PagedAttentionParams p;
+  p.out = out;
+  p.query = b.query.data();
+  p.key_cache = bf16_cache ? static_cast<const void*>(b.key_cache_bf16.data()) : b.key_cache.data();
+  p.value_cache = bf16_cache ? static_cast<const void*>(b.value_cache_bf16.data()) : b.value_cache.data();
+  p.block_tables = b.block_tables.data();
+  p.seq_lens = b.seq_lens.data();
+  p.query_start_loc = b.query_start_loc.data();
+  p.num_seqs = static_cast<int64_t>(b.seq_lens.size());
+  p.num_tokens = b.num_tokens();
+  p.num_heads = b.num_heads;
+  p.num_kv_heads = b.num_kv_heads;
+  p.head_size = b.head_size;
+  p.num_blocks = b.num_blocks;
+  p.block_size = b.block_size;
+  p.max_blocks_per_seq = b.max_blocks;
+  p.q_stride_token = b.num_heads * b.head_size;
+  p.q_stride_head = b.head_size;
+  p.out_stride_token = b.num_heads * b.head_size;
+  p.out_stride_head = b.head_size;
+  p.cache_dtype = bf16_cache ? DType::kBFloat16 : DType::kFloat32;
+  p.scale = scale;
+  return p;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN propagates
+  }
+  return worst;
+}
+
+const std::vector<std::pair<int, int>> kMixed = {{37, 1}, {0, 21}, {100, 1}, {5, 40}, {16, 16}, {250, 1}, {70, 33}};
+
+void check_all_isas(const Batch& b) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(b.head_size));
+  const std::vector<float> want = naive_attention(b, scale);
+  for (Isa isa : {Isa::kGeneric, Isa::kGeneric16, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    for (bool bf16_cache : {false, true}) {
+      std::vector<float> out(b.query.size(), std::numeric_limits<float>::quiet_NaN());
+      const Status st = paged_attention(params_for(b, bf16_cache, out.data(), scale), isa);
+      CHECK(st.is_ok());
+      const float err = max_abs_diff(out, want);
+      if (!(err < 2e-5f))
+        throw pagedcore_test::Failure(std::string("isa ") + isa_name(isa) + (bf16_cache ? " bf16" : " fp32") +
+                                      ": max abs error " + std::to_string(err));
+    }
+  }
+}
+
+}  // namespace
+
+TEST(attention_matches_naive_gqa_1_3_4) {
+  check_all_isas(make_batch(kMixed, 4, 4, 64, 16, 1));
+  check_all_isas(make_batch(kMixed, 9, 3, 64, 16, 2));
+  check_all_isas(make_batch(kMixed, 8, 2, 128, 32, 3));
+}
+
+TEST(attention_odd_head_and_block_sizes) {
+  check_all_isas(make_batch({{9, 1}, {20, 13}}, 4, 2, 72, 16, 4));
+  check_all_isas(make_batch({{9, 1}, {20, 13}}, 2, 1, 256, 8, 5));
+  check_all_isas(make_batch({{50, 1}, {7, 30}}, 6, 3, 80, 24, 6));
+}
+
+TEST(attention_partitions_and_tiny_tiles_change_nothing) {
+  const Batch b = make_batch(kMixed, 9, 3, 64, 16, 7);
+  set_attention_tuning({3, 1, 64});
+  check_all_isas(b);
+  set_attention_tuning({8, 16, 64});
+  check_all_isas(b);
+  set_attention_tuning({});
+}
+
+TEST(attention_both_thread_backends) {
+  const Batch b = make_batch({{2000, 1}, {300, 1}}, 9, 3, 64, 16, 8);
+  for (Threading t : {Threading::kOpenMP, Threading::kPool}) {
+    set_active_threading(t);
+    check_all_isas(b);
+  }
+  set_active_threading(openmp_available() ? Threading::kOpenMP : Threading::kPool);
+}
+
+TEST(attention_rejects_bad_indices_and_writes_nothing) {
+  Batch b = make_batch({{20, 2}}, 4, 2, 64, 16, 9);
+  std::vector<float> out(b.query.size(), 7.f);
+  PagedAttentionParams p = params_for(b, false, out.data(), 0.125f);
+  b.block_tables[1] = static_cast<int32_t>(b.num_blocks);  // position 16..21 lives in block 1
+  CHECK_EQ(paged_attention(p).code, Status::kOutOfRange);
+  b.block_tables[1] = -1;
+  CHECK_EQ(paged_attention(p).code, Status::kOutOfRange);
+  p.head_size = 12;
+  CHECK_EQ(paged_attention(p).code, Status::kInvalidArgument);
+  CHECK(std::all_of(out.begin(), out.end(), [](float f) { return f == 7.f; }));
+}
+
+TEST(bf16_conversion_rounds_to_nearest_even) {
+  CHECK_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);        // tie, even stays
+  CHECK_EQ(float_to_bf16(1.0f + 3.0f / 256), 0x3f82);        // tie, odd rounds up
+  CHECK_EQ(float_to_bf16(1.0f + 1.0f / 256 + 1e-6f), 0x3f81);  // above the tie
+  CHECK_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  CHECK(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK_EQ(float_to_bf16(3.4e38f), 0x7f80);  // rounds up to inf, as torch does
+}
+
+TEST(reshape_and_cache_writes_slots_and_skips_padding) {
+  const int64_t num_blocks = 3, heads = 2, bs = 4, d = 8, tokens = 3;
+  // key/value rows with a token stride wider than heads * d (a slice of a fused projection)
+  std::vector<float> kv(tokens * 40);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<float>(i) + 0.5f;
+  std::vector<uint16_t> kc(num_blocks * heads * bs * d, 0), vc(kc.size(), 0);
+  const std::vector<int64_t> slots = {5, -1, 11};
+  ReshapeAndCacheParams p;
+  p.key = kv.data();
+  p.value = kv.data() + 16;
+  p.key_cache = kc.data();
+  p.value_cache = vc.data();
+  p.slot_mapping = slots.data();
+  p.num_tokens = tokens;
+  p.num_kv_heads = heads;
+  p.head_size = d;
+  p.num_blocks = num_blocks;
+  p.block_size = bs;
+  p.key_stride_token = p.value_stride_token = 40;
+  p.key_stride_head = p.value_stride_head = d;
+  p.src_dtype = DType::kFloat32;
+  p.cache_dtype = DType::kBFloat16;
+  CHECK(reshape_and_cache(p).is_ok());
+  int64_t written = 0;
+  for (uint16_t x : kc) written += x != 0;
+  CHECK_EQ(written, 2 * heads * d);
+  // token 2 -> slot 11 = block 2, offset 3; head 1, element 5
+  CHECK_EQ(kc[((2 * heads + 1) * bs + 3) * d + 5], float_to_bf16(kv[2 * 40 + 1 * d + 5]));
+  CHECK_EQ(vc[((1 * heads + 0) * bs + 1) * d + 0], float_to_bf16(kv[0 * 40 + 16]));
+  const std::vector<int64_t> bad = {5, 12, 0};
+  p.slot_mapping = bad.data();
+  CHECK_EQ(reshape_and_cache(p).code, Status::kOutOfRange);
+}
+
+TEST(copy_blocks_keeps_row_order_for_chains) {
+  const int64_t planes = 4, blocks = 6, bytes = 32;
+  std::vector<uint8_t> cache(planes * blocks * bytes);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = static_cast<uint8_t>(i / bytes);  // block tag
+  const std::vector<int32_t> mapping = {1, 2, 2, 3, 5, 1};  // 1->2, then 2->3 (reads the new 2), 5->1
+  CopyBlocksParams p;
+  p.src = p.dst = cache.data();
+  p.block_mapping = mapping.data();
+  p.num_pairs = 3;
+  p.num_planes = planes;
+  p.src_num_blocks = p.dst_num_blocks = blocks;
+  p.block_bytes = bytes;
+  CHECK(copy_blocks(p).is_ok());
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    auto tag = [&](int64_t block) { return cache[(plane * blocks + block) * bytes + 7]; };
+    CHECK_EQ(int(tag(2)), int(plane * blocks + 1));
+    CHECK_EQ(int(tag(3)), int(plane * blocks + 1));
+    CHECK_EQ(int(tag(1)), int(plane * blocks + 5));
+  }
+  const std::vector<int32_t> bad = {0, 6};
+  p.block_mapping = bad.data();
+  p.num_pairs = 1;
+  CHECK_EQ(copy_blocks(p).code, Status::kOutOfRange);
+}
+
+int main() { return pagedcore_test::run_all(); }
