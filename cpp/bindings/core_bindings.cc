@@ -267,6 +267,8 @@ void bind_scheduler(py::module_& m) {
              return s.update(to_tokens(sampled, "sampled_token_ids"), fork_list);
            },
            py::arg("sampled_token_ids"), py::arg("forks") = py::none())
+      .def("cancel_step", &Scheduler::cancel_step)
+      .def_property_readonly("step_in_flight", &Scheduler::step_in_flight)
       .def("has_unfinished", &Scheduler::has_unfinished)
       .def("get_sequence",
            [](const Scheduler& s, SeqId seq_id) -> py::object {

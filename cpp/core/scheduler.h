@@ -57,6 +57,11 @@ class Scheduler {
   // sequences that share their blocks (n > 1). Reports the sequences that finished.
   UpdateResult update(const std::vector<TokenId>& sampled_token_ids, const std::vector<SampleFork>& forks = {});
 
+  // Forgets the step in flight (the forward failed): nothing advances, the same tokens are
+  // scheduled again next time. No-op when no step is in flight.
+  void cancel_step();
+  bool step_in_flight() const { return step_in_flight_; }
+
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   const Sequence* find(SeqId seq_id) const;
   SchedulerStats stats() const;

@@ -228,6 +228,15 @@ UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids, co
   return result;
 }
 
+void Scheduler::cancel_step() {
+  if (!step_in_flight_) return;
+  for (Sequence* seq : scheduled_) seq->num_scheduled_tokens = 0;
+  scheduled_.clear();
+  sampled_.clear();
+  step_in_flight_ = false;
+  if (trace_ptr_) trace_.take();
+}
+
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_waiting = static_cast<int32_t>(waiting_.size());

@@ -194,3 +194,16 @@ def test_fork_in_update_with_max_tokens_one_finishes_all():
     res = s.update([9], forks=[[1, 2, 8]])
     assert sorted(res.finished_seq_ids.tolist()) == [1, 2]
     assert s.gpu_pool.num_free_blocks == 16
+
+
+def test_cancel_step_reschedules_the_same_tokens():
+    s = make()
+    s.add_sequence(1, [5, 6, 7], max_tokens=2)
+    first = s.schedule()
+    assert s.step_in_flight
+    s.cancel_step()
+    assert not s.step_in_flight
+    again = s.schedule()
+    assert again.input_ids.tolist() == first.input_ids.tolist()
+    assert again.slot_mapping.tolist() == first.slot_mapping.tolist()
+    s.update([1])

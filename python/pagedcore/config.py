@@ -1,0 +1,106 @@
+"""`EngineConfig`: every engine knob in one validated dataclass (vLLM's names where they exist).
+
+An invalid value raises ValueError at construction, naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DTYPES = ("float32", "bfloat16")
+_PREEMPTION_MODES = ("recompute", "swap")
+_POLICIES = ("fcfs", "priority")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "KI": 1024, "M": 1000**2, "MB": 1000**2,
+          "MIB": 1024**2, "MI": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "GI": 1024**3,
+          "T": 1000**4, "TB": 1000**4, "TIB": 1024**4, "TI": 1024**4}
+
+
+def parse_memory_size(value: int | float | str) -> int | float:
+    """'4GiB' / '512MB' / 4e9 -> bytes (int); a number in (0, 1] -> that fraction of available memory (float)."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory size must be bytes, a size like '4GiB' or a fraction in (0, 1], got {value!r}")
+    if isinstance(value, (int, float)):
+        if 0 < value <= 1:
+            return float(value)
+        if value > 1:
+            return int(value)
+        raise ValueError(f"memory size must be > 0, got {value!r}")
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"cannot read memory size {value!r}; write bytes, '4GiB', '512MB' or a fraction like 0.3")
+    number, unit = float(m.group(1)), (m.group(2) or "").upper()
+    if unit == "" and 0 < number <= 1:
+        return number
+    return int(number * _UNITS[unit])
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None                 # HF folder or .gguf file; None = the bundled default
+    dtype: str = "float32"                   # weights, activations and KV cache: float32 | bfloat16
+    block_size: int = 16                     # tokens per KV block
+    max_num_seqs: int = 256                  # sequences per step
+    max_num_batched_tokens: int | None = None  # token budget per step; None = 2048 (>= max_model_len unchunked)
+    max_model_len: int | None = None         # prompt + output; None = the model's context length, at most 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"       # recompute | swap
+    scheduling_policy: str = "fcfs"          # fcfs | priority
+    kv_cache_memory: int | float | str | None = None  # bytes, '4GiB' or a fraction of available memory; None = 4 GiB capped at 40%
+    swap_space: int | float | str = "1GiB"   # CPU swap pool for preemption_mode=swap (bytes or size string)
+    num_gpu_blocks_override: int | None = None  # force the number of KV blocks (tests, simulations)
+    num_threads: int | None = None           # torch and kernel threads; None = all cores
+    seed: int = 0                            # seed of the global sampling generator
+    device: str = "cpu"
+    enable_trace: bool = False               # per-step engine trace (the live simulator)
+    max_logprobs: int = 20                   # the largest logprobs / prompt_logprobs a request may ask for
+
+    def __post_init__(self):
+        def fail(field, allowed):
+            raise ValueError(f"EngineConfig.{field} must be {allowed}, got {getattr(self, field)!r}")
+
+        if self.dtype in ("fp32", "float", "auto"):
+            self.dtype = "float32"
+        if self.dtype in ("bf16",):
+            self.dtype = "bfloat16"
+        if self.dtype not in _DTYPES:
+            fail("dtype", "one of " + ", ".join(_DTYPES))
+        for field in ("block_size", "max_num_seqs"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                fail(field, "a positive integer")
+        if self.block_size & (self.block_size - 1):
+            fail("block_size", "a power of two (8, 16, 32, ...)")
+        for field in ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override", "num_threads"):
+            v = getattr(self, field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                fail(field, "None or a positive integer")
+        if self.preemption_mode not in _PREEMPTION_MODES:
+            fail("preemption_mode", "'recompute' or 'swap'")
+        if self.scheduling_policy not in _POLICIES:
+            fail("scheduling_policy", "'fcfs' or 'priority'")
+        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            fail("device", "'cpu' or 'cuda[:N]'")
+        if self.kv_cache_memory is not None:
+            parse_memory_size(self.kv_cache_memory)
+        if parse_memory_size(self.swap_space) is None:
+            fail("swap_space", "bytes or a size like '1GiB'")
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            fail("max_logprobs", "an integer >= 0")
+
+    def resolve_lengths(self, model_max_len: int) -> None:
+        """Fills max_model_len / max_num_batched_tokens from the model and checks them against each other."""
+        if self.max_model_len is None:
+            self.max_model_len = min(model_max_len, 8192)
+        elif self.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is longer than the model's context length {model_max_len}; "
+                f"use --max-model-len <= {model_max_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 2048 if self.enable_chunked_prefill else max(2048, self.max_model_len)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})")

@@ -1,0 +1,96 @@
+"""KV cache sizing and allocation: from a memory budget to a number of blocks, and the tensors.
+
+Layout (one tensor for the whole model, see pagedcore.kernels):
+    kv_cache [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
+    kv_cache[layer, 0] = key_cache, kv_cache[layer, 1] = value_cache
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from pagedcore.config import EngineConfig, parse_memory_size
+from pagedcore.model_config import SUPPORTED_DTYPES, ModelConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3   # vLLM-CPU's default KV space
+DEFAULT_CPU_KV_CACHE_FRACTION = 0.4        # ...but never more than this share of available memory
+GiB = 1024**3
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping), else total RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        # K and V, every kv head, head_dim elements each.
+        return 2 * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token_per_layer * self.num_layers * self.block_size
+
+    def shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (self.num_layers, 2, num_blocks, self.num_kv_heads, self.block_size, self.head_dim)
+
+    @classmethod
+    def of(cls, model_config: ModelConfig, block_size: int, dtype: str) -> KVCacheSpec:
+        return cls(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, block_size,
+                   SUPPORTED_DTYPES[dtype])
+
+
+def cpu_kv_cache_budget(config: EngineConfig) -> int:
+    """Bytes for the device KV cache on the CPU: explicit bytes, a fraction of available memory,
+    or the default (4 GiB, capped at 40% of what is available)."""
+    available = available_memory_bytes()
+    if config.kv_cache_memory is None:
+        return min(DEFAULT_CPU_KV_CACHE_BYTES, int(available * DEFAULT_CPU_KV_CACHE_FRACTION))
+    size = parse_memory_size(config.kv_cache_memory)
+    budget = int(available * size) if isinstance(size, float) else size
+    if budget > available:
+        raise ValueError(f"kv_cache_memory asks for {budget / GiB:.2f} GiB but only {available / GiB:.2f} GiB "
+                         f"is available; lower --kv-cache-memory")
+    return budget
+
+
+def num_blocks_for(spec: KVCacheSpec, budget_bytes: int) -> int:
+    return budget_bytes // spec.bytes_per_block
+
+
+def describe(spec: KVCacheSpec, num_blocks: int, budget_bytes: int | None = None) -> str:
+    tokens = num_blocks * spec.block_size
+    total = num_blocks * spec.bytes_per_block
+    text = (f"KV cache: {spec.bytes_per_token_per_layer} B/token/layer x {spec.num_layers} layers = "
+            f"{spec.bytes_per_token_per_layer * spec.num_layers / 1024:.1f} KiB/token; {num_blocks} blocks x "
+            f"{spec.block_size} tokens = {tokens} tokens of context in {total / GiB:.2f} GiB")
+    if budget_bytes is not None:
+        text += f" (budget {budget_bytes / GiB:.2f} GiB)"
+    return text
+
+
+def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Uninitialised on purpose: every slot a kernel reads was written first (positions < seq_len),
+    and not touching the pages keeps start-up fast and memory committed only as it is used."""
+    return torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device)

@@ -1,0 +1,211 @@
+"""LLMEngine: add / step / abort around the C++ scheduler, the model runner and the sampler.
+
+One step:  scheduler.schedule() -> runner.execute() -> sampler -> scheduler.update() -> outputs.
+Not thread-safe: one thread drives it (the async engine serialises adds and aborts onto that thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from pagedcore import _core
+from pagedcore.config import EngineConfig
+from pagedcore.engine import kv_cache as kvc
+from pagedcore.engine.model_runner import ModelRunner
+from pagedcore.engine.output_processor import OutputProcessor
+from pagedcore.engine.request_state import OUTPUT_KINDS, RequestState, SequenceState
+from pagedcore.outputs import RequestMetrics, RequestOutput
+from pagedcore.sampler import Sampler
+from pagedcore.sampling.metadata import make_generator
+from pagedcore.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, loaded=None):
+        self.config = config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)  # the generator of every unseeded sampling row
+        t0 = time.perf_counter()
+        if loaded is None:
+            from pagedcore.loader import load_model
+
+            loaded = load_model(config.model, dtype=config.dtype)
+        self.loaded = loaded
+        self.model_config = mc = loaded.config
+        self.tokenizer = loaded.tokenizer
+        config.resolve_lengths(mc.max_position_embeddings)
+        self.eos_token_ids = list(mc.eos_token_ids)
+
+        spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)
+        budget = None
+        if config.num_gpu_blocks_override:
+            num_blocks = config.num_gpu_blocks_override
+        else:
+            budget = kvc.cpu_kv_cache_budget(config)
+            num_blocks = kvc.num_blocks_for(spec, budget)
+            if num_blocks * config.block_size < config.max_model_len:
+                raise ValueError(
+                    f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len "
+                    f"({config.max_model_len}); give it more memory (--kv-cache-memory) or lower --max-model-len")
+        num_cpu_blocks = 0
+        if config.preemption_mode == "swap":
+            swap = kvc.parse_memory_size(config.swap_space)
+            num_cpu_blocks = kvc.num_blocks_for(spec, int(swap * kvc.available_memory_bytes())
+                                                if isinstance(swap, float) else swap)
+        self.kv_cache_spec = spec
+        self.kv_cache_description = kvc.describe(spec, num_blocks, budget)
+        logger.info(self.kv_cache_description)
+        kv_cache = kvc.allocate(spec, num_blocks, config.device)
+        cpu_kv_cache = kvc.allocate(spec, num_cpu_blocks, "cpu") if num_cpu_blocks else None
+
+        self.scheduler = _core.Scheduler(_core.SchedulerConfig(
+            num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len, enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            preemption_mode=(_core.PreemptionMode.SWAP if config.preemption_mode == "swap"
+                             else _core.PreemptionMode.RECOMPUTE),
+            policy=(_core.SchedulingPolicy.PRIORITY if config.scheduling_policy == "priority"
+                    else _core.SchedulingPolicy.FCFS),
+            enable_trace=config.enable_trace))
+        self.runner = ModelRunner(loaded.model, kv_cache, cpu_kv_cache, config.device)
+        self.sampler = Sampler()
+        self.output_processor = OutputProcessor(self)
+        self.requests: dict[str, RequestState] = {}
+        self.seqs: dict[int, SequenceState] = {}
+        self._seq_ids = itertools.count()
+        self._prompt_logprob_salts = itertools.count(1)
+        self.step_listeners = []      # callables(step_record) when tracing (the live simulator)
+        self.startup_seconds = time.perf_counter() - t0
+
+    # -- requests ----------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
+                    prompt_token_ids: Sequence[int] | None = None, arrival_time: float | None = None,
+                    priority: int = 0, output_kind: str = "cumulative") -> None:
+        """Queues one request. Raises ValueError, naming the fix, for anything that could never run."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("give a prompt or prompt_token_ids")
+            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > self.config.max_logprobs:
+                raise ValueError(f"{name}={n} exceeds the server's max_logprobs ({self.config.max_logprobs})")
+        max_model_len = self.config.max_model_len
+        if len(prompt_token_ids) >= max_model_len:
+            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens but max_model_len is {max_model_len}, "
+                             f"which leaves no room to generate; shorten the prompt or raise --max-model-len")
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_token_ids)
+        now = time.time()
+        req = RequestState(request_id, prompt, prompt_token_ids, params,
+                           RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now),
+                           output_kind=output_kind, needs_fork=params.n > 1)
+        seq = self._new_seq(req, 0, params)
+        # A request that wants prompt logprobs must compute every prompt row: a salt keeps it off the cache.
+        extra_key = next(self._prompt_logprob_salts) if params.prompt_logprobs is not None else 0
+        eos = [] if params.ignore_eos else self.eos_token_ids
+        self.scheduler.add_sequence(
+            seq.seq_id, np.asarray(prompt_token_ids, dtype=np.int64), max_tokens=max_tokens,
+            min_tokens=params.min_tokens, ignore_eos=params.ignore_eos, eos_token_ids=eos,
+            stop_token_ids=params.stop_token_ids or [], priority=priority, extra_key=extra_key)
+        self.requests[request_id] = req
+        self.seqs[seq.seq_id] = seq
+        self.output_processor.unscheduled.add(request_id)
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]            # nothing predicts the first prompt token
+            self.output_processor.prompt_logprob_seqs[seq.seq_id] = seq
+
+    def _new_seq(self, req: RequestState, index: int, params: SamplingParams) -> SequenceState:
+        seq = SequenceState(
+            seq_id=next(self._seq_ids), index=index, request=req, params=params,
+            generator=make_generator(params),
+            detokenizer=self.output_processor.make_detokenizer(req, params),
+            stop_checker=self.output_processor.make_stop_checker(params),
+            logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None)
+        req.seqs.append(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Ends a request at once and frees its blocks; returns its final output (None if unknown)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        req.needs_fork = False
+        self.output_processor.unscheduled.discard(request_id)
+        for seq in req.seqs:
+            self.scheduler.abort_sequence(seq.seq_id)
+            self.seqs.pop(seq.seq_id, None)
+            self.output_processor.prompt_logprob_seqs.pop(seq.seq_id, None)
+            if not seq.finished:
+                seq.finish_reason = "abort"
+        req.metrics.on_finished(time.time())
+        return req.make_output()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -- the step ----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Runs one scheduler step and returns outputs of requests that changed (finished ones for
+        output_kind 'final')."""
+        try:
+            return self._step()
+        except BaseException:
+            self.scheduler.cancel_step()   # nothing advanced; the caller decides what to fail
+            raise
+
+    def _step(self) -> list[RequestOutput]:
+        t_start = time.perf_counter()
+        out = self.scheduler.schedule()
+        t_scheduled = time.perf_counter()
+        extra_rows = self.output_processor.prompt_logprob_rows(out)
+        logits = self.runner.execute(out, extra_rows)
+        t_forward = time.perf_counter()
+        num_samples = len(out.sample_seq_ids)
+        rows = [self.seqs[sid] for sid in out.sample_seq_ids.tolist()]
+        # n > 1: the first sample of such a request draws its row n times, once per child.
+        fork_rows, forks = self.output_processor.expand_forks(rows)
+        sampled, sampler_output, _ = self.output_processor.sample(logits[:num_samples], rows, fork_rows)
+        t_sampled = time.perf_counter()
+        fork_array = None
+        if forks:
+            fork_array = np.array([(p, c.seq_id, int(sampled[num_samples + i]))
+                                   for i, (p, c) in enumerate(forks)], dtype=np.int64)
+        result = self.scheduler.update(sampled[:num_samples], fork_array)
+        if extra_rows is not None:
+            self.output_processor.record_prompt_logprobs(out, logits[num_samples:])
+        outputs = self.output_processor.process(out, rows + fork_rows, sampled, sampler_output, result)
+        t_end = time.perf_counter()
+        self.last_step_timing = {
+            "schedule": t_scheduled - t_start, "forward": t_forward - t_scheduled,
+            "sample": t_sampled - t_forward, "update_and_outputs": t_end - t_sampled,
+            "total": t_end - t_start, "num_tokens": out.num_tokens, "num_seqs": out.num_seqs,
+            "num_prefill_tokens": out.num_prefill_tokens, "num_decode_tokens": out.num_decode_tokens,
+        }
+        for listener in self.step_listeners:
+            listener(out, result, self.last_step_timing)
+        return outputs

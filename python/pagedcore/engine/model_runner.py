@@ -1,0 +1,62 @@
+"""ModelRunner: one SchedulerOutput in, the logits of its sampled rows out.
+
+The scheduler's arrays are wrapped with torch.from_numpy (no copies, no per-token Python); block
+moves run in the order the scheduler promised: swap out, swap in, then copy-on-write copies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedcore import kernels
+from pagedcore.layers.attention import AttentionMetadata
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None,
+                 device: torch.device | str = "cpu"):
+        self.model = model
+        self.kv_cache = kv_cache            # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
+        self.cpu_kv_cache = cpu_kv_cache    # same layout, the swap pool's blocks; None without swap space
+        self.device = torch.device(device)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+    def move_blocks(self, out) -> None:
+        if len(out.blocks_to_swap_out):
+            kernels.swap_blocks(self.kv_cache, self.cpu_kv_cache, torch.from_numpy(out.blocks_to_swap_out))
+        if len(out.blocks_to_swap_in):
+            kernels.swap_blocks(self.cpu_kv_cache, self.kv_cache, torch.from_numpy(out.blocks_to_swap_in))
+        if len(out.blocks_to_copy):
+            kernels.copy_blocks(self.kv_cache, self._tensor(out.blocks_to_copy))
+
+    @torch.inference_mode()
+    def execute(self, out, extra_logits_rows: np.ndarray | None = None) -> torch.Tensor:
+        """Runs the forward of one step. Returns fp32 logits [num_samples (+ extra rows), vocab]:
+        the rows of out.logits_indices, then extra_logits_rows (prompt-logprob rows) if given."""
+        self.move_blocks(out)
+        if out.num_tokens == 0:
+            return torch.empty(0, 0)
+        attn_metadata = AttentionMetadata(
+            slot_mapping=self._tensor(out.slot_mapping),        # int64 [num_tokens]
+            block_tables=self._tensor(out.block_tables),        # int32 [num_seqs, max_blocks]
+            seq_lens=self._tensor(out.seq_lens),                # int32 [num_seqs]
+            query_start_loc=self._tensor(out.query_start_loc),  # int32 [num_seqs + 1]
+            max_query_len=out.max_query_len,
+            max_seq_len=out.max_seq_len,
+        )
+        hidden = self.model(self._tensor(out.input_ids), self._tensor(out.positions), self.kv_cache,
+                            attn_metadata)                      # [num_tokens, hidden]
+        rows = out.logits_indices
+        if extra_logits_rows is not None and len(extra_logits_rows):
+            rows = np.concatenate([rows, extra_logits_rows])
+        if len(rows) == 0:
+            return torch.empty(0, 0)
+        if len(rows) == out.num_tokens and np.array_equal(rows, np.arange(out.num_tokens)):
+            sampled_hidden = hidden                             # all-decode step: no gather needed
+        else:
+            sampled_hidden = hidden.index_select(0, self._tensor(rows))  # [num_rows, hidden]
+        return self.model.compute_logits(sampled_hidden)        # fp32 [num_rows, vocab]

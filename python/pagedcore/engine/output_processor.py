@@ -1,0 +1,194 @@
+"""OutputProcessor: what the engine does with one step's logits besides the forward.
+
+Sampling (with an argmax fast path), n > 1 fan-out, prompt logprobs, and turning sampled tokens
+into text, stop-string matches, logprobs and RequestOutputs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from pagedcore import _core
+from pagedcore.detokenizer import IncrementalDetokenizer, StopStringChecker
+from pagedcore.outputs import RequestOutput
+from pagedcore.sampling.logprobs import gather_logprobs, logprob_dicts
+from pagedcore.sampling.metadata import SamplingMetadata
+
+if TYPE_CHECKING:
+    from pagedcore.engine.llm_engine import LLMEngine
+    from pagedcore.engine.request_state import RequestState, SequenceState
+
+_STOP = int(_core.FinishReason.STOP.value)
+_LENGTH = int(_core.FinishReason.LENGTH.value)
+
+
+def _plain_greedy(params) -> bool:
+    """Greedy with nothing that changes or reports the logits: argmax alone decides."""
+    return (params.temperature == 0 and not params.has_penalties() and not params.logit_bias
+            and params.min_tokens == 0 and params.logprobs is None)
+
+
+class OutputProcessor:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = engine.model_config.vocab_size
+        self.prompt_logprob_seqs: dict[int, SequenceState] = {}   # seq id -> seq still owed prompt logprobs
+        self._pending_prompt_rows: list[tuple[SequenceState, int, int]] = []
+        self.unscheduled: set[str] = set()                          # request ids never scheduled yet
+
+    # -- per-sequence helpers -----------------------------------------------------------------------
+    def make_detokenizer(self, req: RequestState, params) -> IncrementalDetokenizer | None:
+        if not params.detokenize or self.tokenizer is None:
+            return None
+        return IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
+                                      skip_special_tokens=params.skip_special_tokens,
+                                      spaces_between_special_tokens=params.spaces_between_special_tokens)
+
+    @staticmethod
+    def make_stop_checker(params) -> StopStringChecker | None:
+        return StopStringChecker(params.stop, params.include_stop_str_in_output) if params.stop else None
+
+    def decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
+
+    # -- prompt logprobs ---------------------------------------------------------------------------
+    def prompt_logprob_rows(self, out) -> np.ndarray | None:
+        """Extra logit rows for this step's prompt positions of requests that asked for prompt logprobs."""
+        self._pending_prompt_rows = []
+        if not self.prompt_logprob_seqs:
+            return None
+        rows = []
+        qsl, computed, scheduled = out.query_start_loc, out.num_computed_tokens, out.num_scheduled_tokens
+        for i, sid in enumerate(out.seq_ids.tolist()):
+            seq = self.prompt_logprob_seqs.get(sid)
+            if seq is None:
+                continue
+            c = int(computed[i])
+            hi = min(c + int(scheduled[i]), len(seq.request.prompt_token_ids) - 1)  # row p predicts token p + 1
+            if hi > c:
+                rows.append(np.arange(qsl[i], qsl[i] + hi - c))
+                self._pending_prompt_rows.append((seq, c, hi))
+        return np.concatenate(rows).astype(np.int64) if rows else None
+
+    def record_prompt_logprobs(self, out, logits: torch.Tensor) -> None:
+        offset = 0
+        for seq, lo, hi in self._pending_prompt_rows:
+            req = seq.request
+            chunk = logits[offset:offset + hi - lo]              # [hi - lo, vocab]
+            offset += hi - lo
+            if len(req.prompt_logprobs) != lo + 1:               # recomputed after a preemption: have it already
+                continue
+            targets = torch.as_tensor(req.prompt_token_ids[lo + 1:hi + 1], dtype=torch.long)
+            n = req.params.prompt_logprobs
+            ids, values, ranks = gather_logprobs(chunk.float().log_softmax(-1), targets, n)
+            req.prompt_logprobs.extend(logprob_dicts(ids, values, ranks, [n] * (hi - lo), self.decode_token))
+            if len(req.prompt_logprobs) == len(req.prompt_token_ids):
+                self.prompt_logprob_seqs.pop(seq.seq_id, None)
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def expand_forks(self, rows: list[SequenceState]):
+        """Children for requests whose first token is sampled this step (n > 1)."""
+        fork_rows, forks = [], []
+        for seq in rows:
+            req = seq.request
+            if not req.needs_fork:
+                continue
+            for index in range(1, req.params.n):
+                child = self.engine._new_seq(req, index, req.params.child_params(index))
+                self.engine.seqs[child.seq_id] = child
+                fork_rows.append(child)
+                forks.append((seq.seq_id, child))
+            req.needs_fork = False
+        return fork_rows, forks
+
+    def sample(self, logits: torch.Tensor, rows: list[SequenceState], fork_rows: list[SequenceState]):
+        """logits [num_samples, vocab] -> sampled int64 numpy [num_samples + num_forks], SamplerOutput or None."""
+        all_rows = rows + fork_rows
+        if not all_rows:
+            return np.zeros(0, dtype=np.int64), None, logits
+        if fork_rows:
+            parent_row = {s.seq_id: i for i, s in enumerate(rows)}
+            index = list(range(len(rows))) + [parent_row[self._parent_of(c)] for c in fork_rows]
+            logits = logits.index_select(0, torch.as_tensor(index))   # [num_samples + num_forks, vocab]
+        if all(_plain_greedy(s.params) for s in all_rows):
+            return logits.argmax(dim=-1).numpy(), None, logits
+        md = SamplingMetadata.from_requests(
+            [s.params for s in all_rows], vocab_size=logits.shape[1],
+            eos_token_ids=self.engine.eos_token_ids,
+            prompt_token_ids=[s.request.prompt_token_ids for s in all_rows],
+            output_token_ids=[s.output_token_ids for s in all_rows],
+            generators=[s.generator for s in all_rows],
+            num_output_tokens=[len(s.output_token_ids) for s in all_rows])
+        sampler_output = self.engine.sampler(logits, md)
+        return sampler_output.sampled_token_ids.numpy(), sampler_output, logits
+
+    def _parent_of(self, child: SequenceState) -> int:
+        return child.request.seqs[0].seq_id
+
+    # -- outputs -----------------------------------------------------------------------------------
+    def process(self, out, all_rows: list[SequenceState], sampled: np.ndarray, sampler_output,
+                result) -> list[RequestOutput]:
+        now = time.time()
+        engine = self.engine
+        if self.unscheduled:
+            for sid in out.seq_ids.tolist():
+                seq = engine.seqs.get(sid)
+                if seq is not None and seq.request.request_id in self.unscheduled:
+                    self.unscheduled.discard(seq.request.request_id)
+                    seq.request.metrics.on_scheduled(now)
+                    info = engine.scheduler.get_sequence(sid)
+                    seq.request.metrics.num_cached_tokens = max(0, info.num_cached_tokens) if info else 0
+        finished = {}
+        if len(result.finished_seq_ids):
+            finished = dict(zip(result.finished_seq_ids.tolist(),
+                                zip(result.finish_reasons.tolist(), result.stop_token_ids.tolist())))
+        dicts = None
+        if sampler_output is not None and sampler_output.logprobs is not None:
+            dicts = logprob_dicts(sampler_output.logprob_token_ids, sampler_output.logprobs,
+                                  sampler_output.sampled_token_ranks, [s.params.logprobs for s in all_rows],
+                                  self.decode_token)
+        touched: dict[str, RequestState] = {}
+        tokens = sampled.tolist()
+        for j, seq in enumerate(all_rows):
+            token = tokens[j]
+            req = seq.request
+            seq.output_token_ids.append(token)
+            req.metrics.on_tokens(now)
+            if dicts is not None and dicts[j] is not None:
+                seq.logprobs.append(dicts[j])
+                seq.cumulative_logprob += dicts[j][token].logprob
+            fin = finished.get(seq.seq_id)
+            stopped_by_token = fin is not None and fin[0] == _STOP
+            matched = None
+            if seq.detokenizer is not None and not (stopped_by_token and not seq.params.include_stop_str_in_output):
+                delta = seq.detokenizer.add_tokens([token])
+                if seq.stop_checker is not None:
+                    delta, matched = seq.stop_checker.feed(delta)
+                seq.text += delta
+            if fin is not None:
+                seq.finish_reason = "stop" if stopped_by_token else "length"
+                if stopped_by_token and token in (seq.params.stop_token_ids or ()):
+                    seq.stop_reason = token
+            elif matched is not None:
+                engine.scheduler.abort_sequence(seq.seq_id)
+                seq.finish_reason, seq.stop_reason = "stop", matched
+            if seq.finished and seq.stop_checker is not None and matched is None:
+                seq.text += seq.stop_checker.flush()   # text held back for a stop string that never came
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                req.metrics.on_finished(now)
+                engine.requests.pop(req.request_id, None)
+                for seq in req.seqs:
+                    engine.seqs.pop(seq.seq_id, None)
+                    self.prompt_logprob_seqs.pop(seq.seq_id, None)
+                outputs.append(req.make_output())
+            elif req.output_kind != "final":
+                outputs.append(req.make_output())
+        return outputs
