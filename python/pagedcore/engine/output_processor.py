@@ -28,7 +28,7 @@ _LENGTH = int(_core.FinishReason.LENGTH.value)
 
 def _plain_greedy(params) -> bool:
     """Greedy with nothing that changes or reports the logits: argmax alone decides."""
-    return (params.temperature == 0 and not params.has_penalties() and not params.logit_bias
+    return (params.temperature == 0 and not params.has_penalties and not params.logit_bias
             and params.min_tokens == 0 and params.logprobs is None)
 
 
@@ -165,20 +165,26 @@ class OutputProcessor:
             fin = finished.get(seq.seq_id)
             stopped_by_token = fin is not None and fin[0] == _STOP
             matched = None
-            if seq.detokenizer is not None and not (stopped_by_token and not seq.params.include_stop_str_in_output):
-                delta = seq.detokenizer.add_tokens([token])
+            if seq.detokenizer is not None:
+                # A stop token's own text is left out unless asked for (vLLM's behaviour).
+                hide = stopped_by_token and not seq.params.include_stop_str_in_output
+                delta = "" if hide else seq.detokenizer.add_tokens([token])
+                if fin is not None:
+                    delta += seq.detokenizer.flush()
                 if seq.stop_checker is not None:
-                    delta, matched = seq.stop_checker.feed(delta)
+                    delta = seq.stop_checker.feed(delta)
+                    matched = seq.stop_checker.stop_reason
+                    if fin is not None and matched is None:
+                        delta += seq.stop_checker.flush()   # held back for a stop string that never came
                 seq.text += delta
-            if fin is not None:
+            if matched is not None:
+                if fin is None:
+                    engine.scheduler.abort_sequence(seq.seq_id)
+                seq.finish_reason, seq.stop_reason = "stop", matched
+            elif fin is not None:
                 seq.finish_reason = "stop" if stopped_by_token else "length"
                 if stopped_by_token and token in (seq.params.stop_token_ids or ()):
                     seq.stop_reason = token
-            elif matched is not None:
-                engine.scheduler.abort_sequence(seq.seq_id)
-                seq.finish_reason, seq.stop_reason = "stop", matched
-            if seq.finished and seq.stop_checker is not None and matched is None:
-                seq.text += seq.stop_checker.flush()   # text held back for a stop string that never came
             touched[req.request_id] = req
         outputs = []
         for req in touched.values():
