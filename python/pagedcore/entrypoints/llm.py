@@ -28,6 +28,13 @@ class LLM:
         self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_options))
         self._request_ids = itertools.count()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.llm_engine = LLMEngine(config)
+        llm._request_ids = itertools.count()
+        return llm
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
