@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedcore.layers.weights import CheckpointTensor, copy_weight
+
 
 class Linear(nn.Module):
     """y = x @ W.T (+ b), for inference only."""
@@ -49,14 +51,11 @@ class MergedLinear(Linear):
             self.shard_rows[shard_id] = (start, size)
             start += size
 
-    def load_shard(self, shard_id: str, param_name: str, loaded: torch.Tensor) -> None:
+    def load_shard(self, shard_id: str, param_name: str, loaded: CheckpointTensor, name: str) -> None:
         """Copies one checkpoint tensor (weight [rows, in] or bias [rows]) into its rows."""
         start, size = self.shard_rows[shard_id]
         param = self.weight if param_name == "weight" else self.bias
         if param is None:
-            raise ValueError(f"the checkpoint has a {shard_id} bias but this layer was built without one")
-        target = param.data.narrow(0, start, size)
-        if tuple(loaded.shape) != tuple(target.shape):
-            raise ValueError(f"shard {shard_id!r} {param_name} has shape {tuple(loaded.shape)}; "
-                             f"expected {tuple(target.shape)} from the config")
-        target.copy_(loaded)  # converts dtype (fp32 -> bf16) once, here
+            raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
+                             "check attention_bias in the config")
+        copy_weight(param.data.narrow(0, start, size), loaded, name)  # rows: contiguous

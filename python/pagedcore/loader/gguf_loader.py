@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, is_supported
-from pagedcore.loader.gguf_file import GGUFFile
+from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, dequantize_into, is_supported
+from pagedcore.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.llama import ROPE_FREQ_FACTORS
 from pagedcore.models.registry import GGUF_ARCHITECTURES
@@ -114,17 +114,37 @@ def _rope_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any] | None:
                          "in GGUF files (and llama3 through rope_freqs)")
 
 
-def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for every tensor of the file, read once, straight from the map."""
+class GGUFWeight:
+    """One tensor still in the file; load_into decodes it straight into a parameter (a LazyWeight)."""
+
+    def __init__(self, gguf: GGUFFile, info: GGUFTensorInfo, permuted_heads: int | None):
+        self.shape = info.shape  # [out, in] / [dim]
+        self._gguf = gguf
+        self._info = info
+        self._permuted_heads = permuted_heads  # llama.cpp's Q/K row order over this many heads, or None
+
+    def load_into(self, out: torch.Tensor) -> None:
+        raw = self._gguf.raw(self._info)  # uint8 view of the map
+        if self._permuted_heads is None and out.is_contiguous():
+            dequantize_into(raw, self._info.ggml_type, out)
+            return
+        tensor = dequantize(raw, self._info.ggml_type, self.shape)  # fp32 temporary (Q/K: small)
+        if self._permuted_heads is not None:
+            tensor = _unpermute_rows(tensor, self._permuted_heads)
+        out.copy_(tensor)
+
+
+def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
+    """(HF name, lazy weight) for every tensor of the file; each is read once, when loaded."""
     permuted = gguf.metadata["general.architecture"] == "llama"
     for info in gguf.tensors.values():
         name = hf_name(info.name)
-        tensor = dequantize(gguf.raw(info), info.ggml_type, info.shape)  # [out, in] / [dim]
+        heads = None
         if permuted and ".q_proj." in name:
-            tensor = _unpermute_rows(tensor, config.num_heads)
+            heads = config.num_heads
         elif permuted and ".k_proj." in name:
-            tensor = _unpermute_rows(tensor, config.num_kv_heads)
-        yield name, tensor
+            heads = config.num_kv_heads
+        yield name, GGUFWeight(gguf, info, heads)
 
 
 def _unpermute_rows(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb, silu_and_mul)
+from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
 
 # Checkpoint projection -> (fused parameter it lands in, shard id inside it).
@@ -148,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden_states, weight).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
         """Copies checkpoint tensors, named as in HF checkpoints, into the parameters (converting
         dtype once); q/k/v and gate/up land in their fused parameter's rows. Raises if a tensor has
         no parameter, a shape differs, or a parameter is left unfilled."""
@@ -159,7 +160,9 @@ class LlamaForCausalLM(nn.Module):
             if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.lm_head is None):
                 continue
             if name == ROPE_FREQ_FACTORS:
-                self.model.rotary_emb.apply_freq_factors(tensor)
+                factors = torch.empty(tuple(tensor.shape), dtype=torch.float32)
+                copy_weight(factors, tensor, name)
+                self.model.rotary_emb.apply_freq_factors(factors)
                 continue
             module_name, _, param_name = name.rpartition(".")
             parent, _, projection = module_name.rpartition(".")
@@ -168,17 +171,13 @@ class LlamaForCausalLM(nn.Module):
                 target = f"{parent}.{fused}.{param_name}"
                 if target not in params:
                     raise ValueError(f"checkpoint tensor {name!r} has no parameter {target!r} in this model")
-                self.get_submodule(f"{parent}.{fused}").load_shard(shard_id, param_name, tensor)
+                self.get_submodule(f"{parent}.{fused}").load_shard(shard_id, param_name, tensor, name)
                 unfilled[target].discard(shard_id)
                 continue
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
                                  "is the architecture in config.json right?")
-            param = params[name]
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}; the config "
-                                 f"implies {tuple(param.shape)}")
-            param.data.copy_(tensor)  # converts dtype (fp32 -> bf16) once, here
+            copy_weight(params[name].data, tensor, name)
             unfilled[name].discard(None)
         missing = sorted(f"{name}[{shard}]" if shard else name
                          for name, shards in unfilled.items() for shard in shards)
