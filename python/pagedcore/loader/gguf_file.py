@@ -57,6 +57,9 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        if os.path.getsize(self.path) < 24:  # smaller than the fixed header (and mmap refuses empty files)
+            raise ModelLoadError(f"{self.path} is not a GGUF file: {os.path.getsize(self.path)} bytes, "
+                                 "shorter than a GGUF header; re-download it")
         with open(self.path, "rb") as f:
             # ACCESS_COPY: a writable (copy-on-write) map, so torch.frombuffer has no read-only
             # warning; nothing is ever written back to the file.
