@@ -7,7 +7,6 @@ import math
 
 import gguf
 import numpy as np
-import torch
 from gguf import GGMLQuantizationType as T
 
 _LAYER_PARTS = {

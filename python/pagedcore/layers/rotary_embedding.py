@@ -1,8 +1,8 @@
 """Rotary position embedding (RoPE), HF `rotate_half` convention, from a precomputed cos/sin cache.
 
 The cache holds one row per position, [cos | sin] of the half-size frequencies; a step indexes it
-once (RotaryEmbedding.forward) and every layer reuses the result in apply_rotary_emb. Frequencies follow HF bit for bit (same formula,
-fp32), so fp32 logits match transformers to rounding.
+once (RotaryEmbedding.forward) and every layer reuses the result in apply_rotary_emb. Frequencies
+follow HF bit for bit (same formula, fp32), so fp32 logits match transformers to rounding.
 """
 
 from __future__ import annotations
@@ -49,19 +49,19 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.max_position = max_position
-        self.dtype = dtype
         self.inv_freq = inverse_frequencies(head_dim, theta, rope_scaling)  # fp32 [head_dim // 2]
-        self.register_buffer("cos_sin_cache", self._build_cache(), persistent=False)  # [max_position, head_dim]
+        cache = self._build_cache().to(dtype)  # cos/sin in fp32, rounded once, as HF does
+        self.register_buffer("cos_sin_cache", cache, persistent=False)  # [max_position, head_dim]
 
     def _build_cache(self) -> torch.Tensor:
         positions = torch.arange(self.max_position, dtype=torch.int64).float()  # [max_position]
         freqs = positions[:, None] * self.inv_freq[None, :]  # fp32 [max_position, head_dim // 2]
-        return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(self.dtype)
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # fp32 [max_position, head_dim]
 
     def apply_freq_factors(self, freq_factors: torch.Tensor) -> None:
         """Llama 3 GGUF files store the rescaling as divisors of each frequency (`rope_freqs`)."""
         self.inv_freq = self.inv_freq / freq_factors.float().reshape(-1)
-        self.cos_sin_cache = self._build_cache().to(self.cos_sin_cache.device)
+        self.cos_sin_cache = self._build_cache().to(self.cos_sin_cache)  # keeps its dtype and device
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64 [num_tokens] -> (cos, sin), each [num_tokens, 1, head_dim // 2] (views).
