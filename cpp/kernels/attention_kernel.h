@@ -30,15 +30,17 @@ struct AttentionWorkItem {
 };
 
 // Offsets (in floats) of each per-thread scratch array; a thread's scratch starts at
-// base + thread * per_thread. max_rows = tile rows x group, s_stride = block_size rounded up to 16.
+// base + thread * per_thread. max_rows = tile rows x group; a chunk = blocks_per_chunk blocks of
+// keys handled by one softmax step; s_stride = chunk keys rounded up to 16.
 struct AttentionScratchLayout {
   int64_t max_rows;
+  int64_t blocks_per_chunk;
   int64_t s_stride;
   int64_t q;      // [max_rows, head_size]  query tile, fp32, pre-scaled
   int64_t acc;    // [max_rows, head_size]  output accumulator
-  int64_t s;      // [max_rows, s_stride]   scores, then probabilities, of one block
-  int64_t k;      // [block_size, head_size] fp32 copy of a bf16 key block
-  int64_t v;      // [block_size, head_size] fp32 copy of a bf16 value block
+  int64_t s;      // [max_rows, s_stride]   scores, then probabilities, of one chunk
+  int64_t k;      // [chunk keys, head_size] fp32 copy of a bf16 key chunk
+  int64_t v;      // [chunk keys, head_size] fp32 copy of a bf16 value chunk
   int64_t m;      // [max_rows] running max
   int64_t l;      // [max_rows] running sum
   int64_t alpha;  // [max_rows] rescale factor of this block

@@ -20,6 +20,8 @@ namespace {
 constexpr int64_t kDefaultMaxTileRows = 64;
 constexpr int64_t kDefaultMinPartitionKeys = 128;
 constexpr int64_t kDefaultItemsPerThread = 4;
+// Keys per online-softmax step (whole blocks, at least one).
+constexpr int64_t kChunkKeys = 64;
 
 std::atomic<int64_t> g_max_tile_rows{kDefaultMaxTileRows};
 std::atomic<int64_t> g_min_partition_keys{kDefaultMinPartitionKeys};
@@ -241,7 +243,9 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
   AttentionScratchLayout layout;
   layout.max_rows = max_rows;
-  layout.s_stride = round16(p.block_size);
+  layout.blocks_per_chunk = std::max<int64_t>(1, kChunkKeys / p.block_size);
+  const int64_t chunk_keys = layout.blocks_per_chunk * p.block_size;
+  layout.s_stride = round16(chunk_keys);
   int64_t off = 0;
   auto take = [&](int64_t n) {
     const int64_t at = off;
@@ -251,13 +255,13 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   layout.q = take(max_rows * p.head_size);
   layout.acc = take(max_rows * p.head_size);
   layout.s = take(max_rows * layout.s_stride);
-  layout.k = take(p.block_size * p.head_size);
-  layout.v = take(p.block_size * p.head_size);
+  layout.k = take(chunk_keys * p.head_size);
+  layout.v = take(chunk_keys * p.head_size);
   layout.m = take(max_rows);
   layout.l = take(max_rows);
   layout.alpha = take(max_rows);
-  layout.per_thread = take(p.head_size);  // + a merge row buffer
-  const int64_t merge_row = layout.alpha + round16(max_rows);
+  const int64_t merge_row = take(p.head_size);  // [head_size] row buffer of merge_tile
+  layout.per_thread = off;
   ws.scratch.resize(threads * layout.per_thread + 16);
   float* scratch = ws.scratch.data();
   scratch += (16 - (reinterpret_cast<uintptr_t>(scratch) / sizeof(float)) % 16) % 16;
