@@ -1,8 +1,10 @@
 """`Sampler`: logits of one step's sampling rows -> next token ids (+ logprobs), vectorised over rows.
 
-    logits [R, V] ─▶ raw logprobs? ─▶ logit_bias ─▶ min_tokens bans ─▶ repetition ─▶ presence/frequency
-         ├─ greedy rows: argmax
-         └─ random rows: temperature ─▶ top-k / top-p / min-p ─▶ exponential race (per-row generators)
+    logits [R, V] ─▶ (copy of the rows that want logprobs) ─▶ logit_bias ─▶ min_tokens bans
+        ─▶ repetition penalty ─▶ presence/frequency penalty
+        ├─ greedy rows: argmax
+        └─ random rows: weights exp((l - max) / T) in place ─▶ top-k / top-p / min-p ─▶ exponential race
+                        (per-row generators for seeded rows)
 
 Stages no row needs are skipped (SamplingMetadata leaves them None); an all-greedy step is an argmax.
 """
@@ -16,35 +18,42 @@ import torch
 
 from pagedcore.sampling.logprobs import gather_logprobs
 from pagedcore.sampling.metadata import SamplingMetadata
-from pagedcore.sampling.noise import exponential_race, subset_generators
+from pagedcore.sampling.noise import block_race
 from pagedcore.sampling.penalties import (apply_bans, apply_logit_bias, apply_presence_frequency,
                                           apply_repetition_penalty)
-from pagedcore.sampling.truncation import CANDIDATE_WIDTHS, sample_truncated
+from pagedcore.sampling.truncation import CANDIDATE_WIDTHS, sample_truncated, to_weights_
+from pagedcore.sampling.workspace import RowBuffers
 
 
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [R] int64
     # Present when any row asked for logprobs; K = the largest `logprobs` of the step. Column 0 is the
-    # sampled token, columns 1..K the top-K of the raw distribution.
+    # sampled token, columns 1..K the top-K of the raw distribution (log_softmax of the logits as the
+    # model gave them). Rows that did not ask hold the sampled id, then 0s, NaN logprobs and rank 0.
     logprob_token_ids: torch.Tensor | None = None  # [R, K + 1] int64
     logprobs: torch.Tensor | None = None  # [R, K + 1] float32
     sampled_token_ranks: torch.Tensor | None = None  # [R] int64, 1-based
 
 
 class Sampler:
+    """Stateless between steps except for reusable buffers; keep one per engine (not thread-safe)."""
+
     def __init__(self, candidate_widths: tuple[int, ...] = CANDIDATE_WIDTHS):
         self.candidate_widths = candidate_widths
+        self.buffers = RowBuffers()
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [R, V] float32, edited in place (saves a [R, V] copy per step)."""
+        """logits [R, V] float32, consumed: edited in place (a [R, V] copy per step saved)."""
         md = metadata
         if logits.dim() != 2 or logits.shape[0] != md.num_rows or logits.shape[1] != md.vocab_size:
             raise ValueError(f"logits have shape {tuple(logits.shape)} but the metadata was built for "
                              f"[{md.num_rows}, {md.vocab_size}]; build it from this step's rows and the "
                              "model's vocabulary size")
         # Before any edit: logprobs describe the model, not the sampling settings.
-        raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None  # [R, V]
+        raw = None
+        if md.max_num_logprobs is not None:
+            raw = self.buffers.rows_of("raw", logits, md.logprob_rows)  # [L, V]
 
         if md.logit_bias is not None:
             apply_logit_bias(logits, md.logit_bias)
@@ -56,44 +65,58 @@ class Sampler:
             apply_presence_frequency(logits, md.output_tokens, md.presence_penalty, md.frequency_penalty)
 
         sampled = self._sample(logits, md)  # [R]
-        if raw_logprobs is None:
+        if raw is None:
             return SamplerOutput(sampled)
-        ids, values, ranks = gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
-        return SamplerOutput(sampled, ids, values, ranks)
+        return _with_logprobs(sampled, raw, md)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
             return logits.argmax(dim=-1)
-        if md.random_row_ids is None:
+        if md.random_row_ids is None:  # every row random, already in sampling order: work in place
             return self._sample_random(logits, md)
         sampled = torch.empty(md.num_rows, dtype=torch.long, device=logits.device)  # [R]
-        # Greedy rows take the argmax after bias and penalties but before temperature, as in vLLM.
-        sampled[md.greedy_row_ids] = logits[md.greedy_row_ids].argmax(dim=-1)
-        sampled[md.random_row_ids] = self._sample_random(logits[md.random_row_ids], md)
+        # A copy, so the greedy rows below still see the logits (after bias and penalties, before
+        # temperature: vLLM's greedy).
+        random_rows = self.buffers.rows_of("random", logits, md.random_row_ids)  # [M, V]
+        sampled[md.random_row_ids] = self._sample_random(random_rows, md)
+        if md.greedy_row_ids is not None:
+            sampled[md.greedy_row_ids] = self.buffers.rows_of("greedy", logits, md.greedy_row_ids).argmax(dim=-1)
         return sampled
 
     def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """logits [M, V] of the random rows (consumed) -> [M] int64."""
-        logits.div_(md.temperature.unsqueeze(1))
-        if md.top_k is None:
-            return _race_full(logits, md.generators)
-        if md.truncated_rows is None:
-            return sample_truncated(logits, md.top_k, md.top_p, md.min_p, md.generators, self.candidate_widths)
-        sampled = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # [M]
-        rows = md.truncated_rows  # [T]
-        sampled[rows] = sample_truncated(logits[rows], md.top_k[rows], md.top_p[rows], md.min_p[rows],
-                                         subset_generators(md.generators, rows.tolist()),
-                                         self.candidate_widths)
-        if md.plain_rows is not None:
-            rows = md.plain_rows  # [M - T]
-            sampled[rows] = _race_full(logits[rows], subset_generators(md.generators, rows.tolist()))
-        return sampled
+        """logits [M, V]: the random rows in sampling order (consumed) -> [M] int64."""
+        weights = to_weights_(logits, md.temperature)  # [M, V], same storage
+        num_truncated = md.num_truncated
+        if num_truncated == 0:
+            return block_race(weights, md.generators)
+        if num_truncated == weights.shape[0]:
+            return sample_truncated(weights, md.top_k, md.top_p, md.min_p, md.generators,
+                                    self.candidate_widths, self.buffers)
+        head = {pos: g for pos, g in md.generators.items() if pos < num_truncated}
+        tail = {pos - num_truncated: g for pos, g in md.generators.items() if pos >= num_truncated}
+        return torch.cat([  # both groups are contiguous slices: no copies
+            sample_truncated(weights[:num_truncated], md.top_k, md.top_p, md.min_p, head,
+                             self.candidate_widths, self.buffers),
+            block_race(weights[num_truncated:], tail),
+        ])
 
 
-def _race_full(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """Sample from softmax(logits) over the whole vocabulary. logits [U, V] (consumed) -> [U] int64."""
-    weights = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()  # [U, V] unnormalised probs
-    return exponential_race(weights, generators)
+def _with_logprobs(sampled: torch.Tensor, raw: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+    """raw [L, V]: the untouched logits of the rows that want logprobs (consumed)."""
+    if md.logprob_rows is None:
+        ids, values, ranks = gather_logprobs(raw, sampled, md.max_num_logprobs)
+        return SamplerOutput(sampled, ids, values, ranks)
+    rows = md.logprob_rows  # [L]
+    sub_ids, sub_values, sub_ranks = gather_logprobs(raw, sampled[rows], md.max_num_logprobs)
+    width = md.max_num_logprobs + 1
+    ids = torch.zeros(md.num_rows, width, dtype=torch.long, device=sampled.device)  # [R, K + 1]
+    ids[:, 0] = sampled
+    ids[rows] = sub_ids
+    values = torch.full((md.num_rows, width), float("nan"), device=sampled.device)  # [R, K + 1]
+    values[rows] = sub_values
+    ranks = torch.zeros(md.num_rows, dtype=torch.long, device=sampled.device)  # [R]
+    ranks[rows] = sub_ranks
+    return SamplerOutput(sampled, ids, values, ranks)
 
 
 def repeat_rows(logits: torch.Tensor, counts: Sequence[int] | int) -> torch.Tensor:

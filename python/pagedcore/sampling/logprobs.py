@@ -15,17 +15,24 @@ import torch
 from pagedcore.outputs import Logprob, PromptLogprobs
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int
+def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logprobs [R, V] float32, token_ids [R] int64 ->
-    ids [R, num_top + 1] int64, values [R, num_top + 1] float32, ranks [R] int64 (1-based; a token's
-    rank counts every token at least as likely, itself included)."""
-    chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [R, 1]
-    ranks = (logprobs >= chosen).sum(dim=-1)  # [R]
-    if num_top == 0:
-        return token_ids.unsqueeze(1), chosen, ranks
-    top_vals, top_ids = logprobs.topk(num_top, dim=-1)  # [R, num_top]
-    return torch.cat([token_ids.unsqueeze(1), top_ids], 1), torch.cat([chosen, top_vals], 1), ranks
+    """Raw logits [R, V] float32 (a private copy: consumed in place), token_ids [R] int64 ->
+    ids [R, num_top + 1] int64, logprobs [R, num_top + 1] float32, ranks [R] int64 (1-based; a
+    token's rank counts every token at least as likely, itself included).
+
+    Works on the logits rather than a log_softmax: ranks and top-k are the same on either, and the
+    normaliser then costs one in-place pass instead of a fresh [R, V] tensor."""
+    chosen = logits.gather(1, token_ids.unsqueeze(1))  # [R, 1]
+    ranks = torch.count_nonzero(logits >= chosen, dim=-1)  # [R]
+    if num_top:
+        top_vals, top_ids = logits.topk(num_top, dim=-1)  # [R, num_top]
+        ids, values = torch.cat([token_ids.unsqueeze(1), top_ids], 1), torch.cat([chosen, top_vals], 1)
+    else:
+        ids, values = token_ids.unsqueeze(1), chosen
+    peak = logits.amax(dim=-1, keepdim=True)  # [R, 1]
+    log_normaliser = logits.sub_(peak).exp_().sum(dim=-1, keepdim=True).log_().add_(peak)  # [R, 1]
+    return ids, values - log_normaliser, ranks
 
 
 def logprob_dicts(ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor,
@@ -63,7 +70,7 @@ def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: Sequence[int], num_l
                          f"{num_prompt}-token prompt, got {logits.shape[0]}")
     if num_prompt < 2:
         return [None] * num_prompt
-    raw = logits[: num_prompt - 1].float().log_softmax(dim=-1)  # [P - 1, V]
+    raw = logits[: num_prompt - 1].to(torch.float32, copy=True)  # [P - 1, V], consumed below
     targets = torch.as_tensor(list(prompt_token_ids[1:]), dtype=torch.long, device=logits.device)  # [P - 1]
     ids, values, ranks = gather_logprobs(raw, targets, num_logprobs)
     return [None] + logprob_dicts(ids, values, ranks, [num_logprobs] * (num_prompt - 1), decode)

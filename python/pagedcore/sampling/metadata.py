@@ -31,17 +31,19 @@ class SamplingMetadata:
     num_rows: int
     vocab_size: int
     all_greedy: bool  # the fast path: argmax (after bias/min_tokens/penalties), nothing else
-    greedy_row_ids: torch.Tensor | None  # [G] int64 rows with temperature 0; None unless mixed
-    random_row_ids: torch.Tensor | None  # [M] int64 rows with temperature > 0; None unless mixed
+    greedy_row_ids: torch.Tensor | None  # [G] int64 rows with temperature 0; None when there are none
 
-    # Random rows only, indexed by position among them (all rows when none is greedy).
-    temperature: torch.Tensor | None  # [M] float32; None when all greedy
-    top_k: torch.Tensor | None  # [M] int64, vocab_size = off; None when no random row truncates
-    top_p: torch.Tensor | None  # [M] float32, 1 = off
-    min_p: torch.Tensor | None  # [M] float32, 0 = off
-    truncated_rows: torch.Tensor | None  # [T] int64 positions using top-k/top-p/min-p; None = all of them
-    plain_rows: torch.Tensor | None  # [M - T] int64 the other positions; None when empty
-    generators: dict[int, torch.Generator]  # position among random rows -> its own generator
+    # The random rows (temperature > 0) are sampled in this order, truncated ones first, so that
+    # both groups are contiguous slices of one copy:
+    #     random_row_ids: [ rows using top-k/top-p/min-p (num_truncated) | plain rows ]
+    # None when the order is simply 0..num_rows-1 (no greedy rows, one group): sampled in place.
+    random_row_ids: torch.Tensor | None  # [M] int64
+    num_truncated: int
+    temperature: torch.Tensor | None  # [M] float32, in sampling order; None when all greedy
+    top_k: torch.Tensor | None  # [num_truncated] int64, vocab_size = off; None when no row truncates
+    top_p: torch.Tensor | None  # [num_truncated] float32, 1 = off
+    min_p: torch.Tensor | None  # [num_truncated] float32, 0 = off
+    generators: dict[int, torch.Generator]  # position in sampling order -> the row's own generator
 
     logit_bias: TokenPairs | None  # pairs with values = bias
     banned: TokenPairs | None  # EOS and stop ids of rows still short of min_tokens
@@ -52,6 +54,7 @@ class SamplingMetadata:
     frequency_penalty: torch.Tensor | None  # [num_rows] float32
 
     max_num_logprobs: int | None  # the largest `logprobs` of any row; None = no row wants logprobs
+    logprob_rows: torch.Tensor | None  # [L] int64 rows that want logprobs; None = all (or none) of them
 
     @classmethod
     def from_requests(
@@ -75,39 +78,34 @@ class SamplingMetadata:
         num_rows = len(params)
         if num_rows == 0:
             raise ValueError("SamplingMetadata needs at least one row")
-        random_rows = [i for i, p in enumerate(params) if p.temperature != 0]
-        num_random = len(random_rows)
-        all_greedy, all_random = num_random == 0, num_random == num_rows
-        mixed = not (all_greedy or all_random)
+        greedy_rows = [i for i, p in enumerate(params) if p.temperature == 0]
+        truncated = [i for i, p in enumerate(params) if p.temperature != 0 and p.has_truncation]
+        plain = [i for i, p in enumerate(params) if p.temperature != 0 and not p.has_truncation]
+        order = truncated + plain  # sampling order of the random rows
+        in_place = not greedy_rows and (not truncated or not plain)  # order is 0..num_rows-1
 
         def tensor(values, dtype):
             return torch.tensor(values, dtype=dtype).to(device)
 
-        random_params = params if all_random else [params[i] for i in random_rows]
-        temperature = top_k = top_p = min_p = truncated_rows = plain_rows = None
+        ordered = [params[i] for i in order]
+        temperature = top_k = top_p = min_p = None
         row_generators: dict[int, torch.Generator] = {}
-        if not all_greedy:
-            temperature = tensor([p.temperature for p in random_params], torch.float32)
-            truncated = [j for j, p in enumerate(random_params) if p.has_truncation]
+        if order:
+            temperature = tensor([p.temperature for p in ordered], torch.float32)
             if truncated:
-                top_k = tensor([p.top_k if p.top_k > 0 else vocab_size for p in random_params], torch.long)
-                top_p = tensor([p.top_p for p in random_params], torch.float32)
-                min_p = tensor([p.min_p for p in random_params], torch.float32)
-                if len(truncated) < num_random:
-                    truncated_set = set(truncated)
-                    truncated_rows = tensor(truncated, torch.long)
-                    plain_rows = tensor([j for j in range(num_random) if j not in truncated_set], torch.long)
-            else:
-                plain_rows = None  # every random row is plain; the sampler checks top_k is None
-            for j, row in enumerate(random_rows):
-                if random_params[j].seed is None:
+                head = ordered[:len(truncated)]
+                top_k = tensor([p.top_k if p.top_k > 0 else vocab_size for p in head], torch.long)
+                top_p = tensor([p.top_p for p in head], torch.float32)
+                min_p = tensor([p.min_p for p in head], torch.float32)
+            for position, row in enumerate(order):
+                if ordered[position].seed is None:
                     continue
                 generator = None if generators is None else generators[row]
                 if generator is None:
                     raise ValueError(
-                        f"row {row} has seed={random_params[j].seed} but no generator; create one per "
+                        f"row {row} has seed={ordered[position].seed} but no generator; create one per "
                         "request with make_generator(params) and pass the same object every step")
-                row_generators[j] = generator
+                row_generators[position] = generator
 
         logit_bias = _logit_bias_pairs(params, vocab_size, device)
         banned = _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device)
@@ -128,20 +126,19 @@ class SamplingMetadata:
             presence = tensor([p.presence_penalty for p in params], torch.float32)
             frequency = tensor([p.frequency_penalty for p in params], torch.float32)
 
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        wanted = [params[i].logprobs for i in logprob_rows]
         return cls(
             num_rows=num_rows,
             vocab_size=vocab_size,
-            all_greedy=all_greedy,
-            greedy_row_ids=tensor([i for i, p in enumerate(params) if p.temperature == 0], torch.long)
-            if mixed else None,
-            random_row_ids=tensor(random_rows, torch.long) if mixed else None,
+            all_greedy=not order,
+            greedy_row_ids=tensor(greedy_rows, torch.long) if greedy_rows and order else None,
+            random_row_ids=None if in_place or not order else tensor(order, torch.long),
+            num_truncated=len(truncated),
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
-            truncated_rows=truncated_rows,
-            plain_rows=plain_rows,
             generators=row_generators,
             logit_bias=logit_bias,
             banned=banned,
@@ -151,6 +148,7 @@ class SamplingMetadata:
             presence_penalty=presence,
             frequency_penalty=frequency,
             max_num_logprobs=max(wanted) if wanted else None,
+            logprob_rows=tensor(logprob_rows, torch.long) if 0 < len(logprob_rows) < num_rows else None,
         )
 
 

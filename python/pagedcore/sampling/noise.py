@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import torch
 
+# Tokens per block in block_race: about sqrt(vocab) for the vocabularies we serve, so a row draws
+# ~2 * sqrt(V) noise values instead of V.
+BLOCK_SIZE = 256
+
 
 def exponential_noise(num_rows: int, width: int, generators: dict[int, torch.Generator],
                       device: torch.device | str = "cpu") -> torch.Tensor:
@@ -18,9 +22,9 @@ def exponential_noise(num_rows: int, width: int, generators: dict[int, torch.Gen
         noise.uniform_()  # global generator; seeded rows are overwritten below
     for row, generator in generators.items():
         noise[row].uniform_(generator=generator)
-    # -log(U) ~ Exponential(1). We build it from uniform_ rather than exponential_ because torch's CPU
-    # exponential_ is ~4x slower (scalar log1p in double). U in [0, 1): U = 0 gives E = +inf, which
-    # only ever loses the race (w / inf = 0), and E > 0 always, so w = 0 never yields 0/0 = NaN.
+    # -log(U) ~ Exponential(1). Built from uniform_ because torch's CPU exponential_ is ~4x slower
+    # (scalar log1p in double). U in [0, 1): U = 0 gives E = +inf, which only ever loses the race
+    # (w / inf = 0), and E > 0 always, so w = 0 never yields 0/0 = NaN.
     return noise.log_().neg_()
 
 
@@ -29,6 +33,33 @@ def exponential_race(weights: torch.Tensor, generators: dict[int, torch.Generato
     num_rows, width = weights.shape
     noise = exponential_noise(num_rows, width, generators, weights.device)  # [num_rows, width]
     return weights.div_(noise).argmax(dim=-1)  # [num_rows]
+
+
+def block_race(weights: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Sample one token per row of weights [U, V] (>= 0, not modified) in two exact races: a block of
+    BLOCK_SIZE tokens by its total weight, then a token inside it. P(token) = W_block/W * w/W_block.
+
+        weights [U, V]:  | block 0 | block 1 | ... | block B-1 | tail (V mod BLOCK_SIZE) |
+        masses  [U, B(+1)] = per-block sums (a strided view, no copy)
+        noise   [U, B(+1) + BLOCK_SIZE]: first the block race, then the race inside the chosen block
+    """
+    num_rows, vocab_size = weights.shape
+    num_full = vocab_size // BLOCK_SIZE
+    body = num_full * BLOCK_SIZE
+    parts = []
+    if num_full:
+        parts.append(weights[:, :body].unflatten(1, (num_full, BLOCK_SIZE)).sum(dim=-1))  # [U, B]
+    if body < vocab_size:
+        parts.append(weights[:, body:].sum(dim=-1, keepdim=True))  # [U, 1] the short tail block
+    masses = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [U, NB]
+    num_blocks = masses.shape[1]
+    # One draw of fixed width per row, so a seeded row consumes the same noise in any batch.
+    noise = exponential_noise(num_rows, num_blocks + BLOCK_SIZE, generators, weights.device)  # [U, NB + BS]
+    block = masses.div_(noise[:, :num_blocks]).argmax(dim=-1)  # [U]
+    cols = block.unsqueeze(1) * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device=weights.device)  # [U, BS]
+    inside = weights.gather(1, cols.clamp(max=vocab_size - 1))  # [U, BS]
+    inside.masked_fill_(cols >= vocab_size, 0.0)  # past the end of a short tail block
+    return block * BLOCK_SIZE + inside.div_(noise[:, num_blocks:]).argmax(dim=-1)  # [U]
 
 
 def subset_generators(generators: dict[int, torch.Generator], row_ids: list[int]) -> dict[int, torch.Generator]:
