@@ -79,3 +79,16 @@ def test_tiny_gguf_tokenizer_equals_transformers(tmp_path):
     loaded = load_model(path)
     rendered = assert_same_tokenizer(loaded.tokenizer, hf_tokenizer(path))
     assert rendered == "<s>Be brief.</s><s>Où est Paris ?</s>"
+
+
+def test_sentencepiece_gguf_tokenizer_equals_transformers(tmp_path):
+    """Llama 2 / TinyLlama style: sentencepiece pieces with byte fallback, BOS added by default."""
+    path = tiny_gguf.write_gguf(tiny_models.build_hf_model("llama_tied"), tmp_path / "spm.gguf", T.Q8_0,
+                                "llama", sentencepiece=True)
+    ours = load_model(path).tokenizer
+    reference = hf_tokenizer(path)
+    for text in TEXTS[:-1] + ["The capital of France is Paris.", " the  capital"]:
+        assert ours(text).input_ids == reference(text).input_ids, text
+        assert ours.decode(ours(text).input_ids) == reference.decode(reference(text).input_ids)
+    assert ours("the capital").input_ids[0] == 1  # <s>
+    assert (ours.bos_token, ours.eos_token, ours.unk_token) == ("<s>", "</s>", "<unk>")

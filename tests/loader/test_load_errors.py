@@ -88,6 +88,15 @@ def test_checkpoint_missing_a_tensor(tiny_folder, tmp_path):
         load_model(str(folder))
 
 
+def test_folder_without_tokenizer(tiny_folder, tmp_path):
+    folder = copy_folder(tiny_folder, tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(ModelLoadError, match="no tokenizer files.*load_tokenizer=False"):
+        load_model(str(folder))
+    assert load_model(str(folder), load_tokenizer=False).tokenizer is None
+
+
 def test_folder_without_model_files(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ModelLoadError, match="without config.json; found notes.txt"):

@@ -63,11 +63,36 @@ def byte_level_vocab(tokenizer, vocab_size: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
+SPM_PIECES = ["\u2581", "\u2581t", "he", "\u2581the", "\u2581c", "ap", "it", "al", "\u2581cap", "ital",
+              "\u2581capital", "\u2581o", "f", "\u2581of", "\u2581P", "ar", "is", "\u2581Par", "\u2581Paris",
+              "\u2581F", "ra", "nce", "\u2581France", "\u2581is", "."]
+
+
+def add_sentencepiece_vocab(writer, vocab_size: int) -> None:
+    """A Llama-2-style sentencepiece vocabulary (tokenizer model "llama"): <unk> <s> </s>, 256 byte
+    fallback tokens, then a few pieces scored by length, padded to the model's vocab size."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + SPM_PIECES
+    types = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES)  # unknown, control, byte, normal
+    scores = [0.0] * (3 + 256) + [-float(i) for i in range(len(SPM_PIECES))]
+    padding = vocab_size - len(tokens)
+    tokens += [f"<pad_{i}>" for i in range(padding)]
+    types += [4] * padding  # user-defined
+    scores += [-1000.0] * padding
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
 def write_gguf(hf_model, path, matrix_type: T = T.F32, arch: str = "llama",
                tensor_types: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
-               tokenizer=None) -> str:
+               tokenizer=None, sentencepiece: bool = False) -> str:
     """hf_model (a tiny transformers model) -> a GGUF file at path. Matrices in matrix_type unless
-    tensor_types names another for a GGUF tensor; 1-D tensors stay F32 as llama.cpp keeps them."""
+    tensor_types names another for a GGUF tensor; 1-D tensors stay F32 as llama.cpp keeps them.
+    The vocabulary: byte-level BPE from `tokenizer`, or a small sentencepiece one."""
     config = hf_model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer = gguf.GGUFWriter(str(path), arch)
@@ -83,7 +108,9 @@ def write_gguf(hf_model, path, matrix_type: T = T.F32, arch: str = "llama",
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_vocab_size(config.vocab_size)
-    if tokenizer is not None:
+    if sentencepiece:
+        add_sentencepiece_vocab(writer, config.vocab_size)
+    elif tokenizer is not None:
         tokens, merges = byte_level_vocab(tokenizer, config.vocab_size)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("default")

@@ -27,10 +27,16 @@ _SPECIAL_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
                       "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def tokenizer_from_folder(folder: str):
     """AutoTokenizer over local files only: pagedcore never downloads."""
     from transformers import AutoTokenizer
 
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in _TOKENIZER_FILES):
+        raise ModelLoadError(f"{folder} has no tokenizer files (any of {list(_TOKENIZER_FILES)}); save the "
+                             "tokenizer into the folder, or load with load_tokenizer=False")
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
