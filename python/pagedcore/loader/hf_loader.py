@@ -11,6 +11,7 @@ Folder layout read:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from pagedcore.model_config import ModelConfig
 from pagedcore.models.registry import MODEL_CLASSES
 
 _INDEX_FILE = "model.safetensors.index.json"
+logger = logging.getLogger(__name__)
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -62,6 +64,10 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
     rope = raw.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    window = raw.get("sliding_window")
+    if window and raw.get("use_sliding_window", True) and window < need("max_position_embeddings"):
+        logger.warning("%s: sliding_window=%d is not implemented; attention sees the whole sequence, so "
+                       "outputs past %d tokens differ from the reference model", path, window, window)
     eos = generation_config.get("eos_token_id", raw.get("eos_token_id"))
     eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     try:
