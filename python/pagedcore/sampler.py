@@ -44,8 +44,11 @@ class Sampler:
         self.buffers = RowBuffers()
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [R, V] float32, consumed: edited in place (a [R, V] copy per step saved)."""
+        """logits [R, V] float32, consumed: edited in place (a [R, V] copy per step saved). Other
+        dtypes are widened first (one copy): weights and cumulative sums need float32's range."""
         md = metadata
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         if logits.dim() != 2 or logits.shape[0] != md.num_rows or logits.shape[1] != md.vocab_size:
             raise ValueError(f"logits have shape {tuple(logits.shape)} but the metadata was built for "
                              f"[{md.num_rows}, {md.vocab_size}]; build it from this step's rows and the "

@@ -180,3 +180,10 @@ def test_logits_are_consumed_in_place():
     md = SamplingMetadata.from_requests([SamplingParams(temperature=0.5)] * 2, vocab_size=50)
     Sampler()(logits, md)
     assert not torch.equal(logits, before)  # documented: pass a clone if you still need them
+
+
+def test_half_precision_logits_are_widened():
+    logits = torch.randn(3, 300).to(torch.bfloat16)
+    out = run([SamplingParams(temperature=0, logprobs=1)] * 3, logits)
+    assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
+    assert out.logprobs.dtype == torch.float32
