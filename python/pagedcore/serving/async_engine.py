@@ -1,7 +1,7 @@
 """AsyncLLMEngine: the engine's step loop on one background thread, feeding asyncio streams.
 
-    HTTP / gRPC handlers ──generate()──▶ inbox ──▶ [engine thread: add, abort, step] ──▶ per-request
-                                                                                          asyncio.Queue
+    HTTP / gRPC handlers ──add_request()──▶ inbox ──▶ [engine thread: add, abort, step] ──▶ per-request
+                                                                                            asyncio.Queue
 Every request from every front end shares every step (continuous batching across both). The
 engine is touched only by its thread: handlers send commands through the inbox, and read engine
 statistics from a snapshot the thread publishes after each step.
@@ -15,14 +15,20 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from pagedcore.engine.llm_engine import LLMEngine
-from pagedcore.outputs import RequestOutput
+from pagedcore.outputs import CompletionOutput, RequestOutput
 from pagedcore.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# hook(outputs, timing) on the engine thread: after each step with that step's outputs and
+# `engine.last_step_timing`, and with ([final output], None) when a request is aborted.
+StepHook = Callable[[list[RequestOutput], dict | None], None]
 
 
 class QueueFullError(RuntimeError):
@@ -44,7 +50,6 @@ class _Add:
     prompt_token_ids: list[int] | None
     params: SamplingParams
     priority: int
-    output_kind: str
     stream: _Stream
 
 
@@ -61,7 +66,10 @@ class _Stream:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the handler's loop is closed: nobody is listening any more
+            pass
 
 
 @dataclass
@@ -78,16 +86,95 @@ class EngineSnapshot:
     num_steps: int = 0
 
 
+class _Accumulator:
+    """Folds a request's delta outputs into one cumulative output (non-streaming callers)."""
+
+    def __init__(self):
+        self.completions: dict[int, CompletionOutput] = {}
+        self.prompt_logprobs = None
+
+    def add(self, delta: RequestOutput) -> RequestOutput:
+        for c in delta.outputs:
+            acc = self.completions.get(c.index)
+            if acc is None:
+                self.completions[c.index] = CompletionOutput(
+                    c.index, c.text, list(c.token_ids), c.cumulative_logprob,
+                    None if c.logprobs is None else list(c.logprobs), c.finish_reason, c.stop_reason)
+                continue
+            acc.text += c.text
+            acc.token_ids.extend(c.token_ids)
+            if c.logprobs is not None:
+                acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
+            acc.cumulative_logprob = c.cumulative_logprob
+            acc.finish_reason, acc.stop_reason = c.finish_reason, c.stop_reason
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        return RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, self.prompt_logprobs,
+                             [self.completions[i] for i in sorted(self.completions)], delta.finished,
+                             delta.metrics)
+
+
+class RequestStream:
+    """One request's outputs as an async iterator: deltas, or (stream=False) one final output.
+
+    Use it as `async with engine.add_request(...) as outputs: async for out in outputs: ...`:
+    leaving early (client gone, deadline passed, cancelled) aborts the request and frees its blocks.
+    An error of this request alone (the engine refused it, or a step failed) is raised from the
+    iteration.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str, stream: _Stream, incremental: bool):
+        self.request_id = request_id
+        self._engine = engine
+        self._stream = stream
+        self._accumulator = None if incremental else _Accumulator()
+        self._done = False       # final output or error delivered: nothing left to abort
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self._done:
+            item = await self._stream.queue.get()
+            if isinstance(item, BaseException):
+                self._finish()
+                raise item
+            if item.finished:
+                self._finish()
+            if self._accumulator is None:
+                return item
+            merged = self._accumulator.add(item)
+            if item.finished:
+                return merged
+        raise StopAsyncIteration
+
+    def _finish(self) -> None:
+        self._done = True
+        self._engine._release(self.request_id)
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine._send(_Abort(self.request_id))   # the caller left: free the blocks at once
+            self._engine._release(self.request_id)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None):
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.snapshot = EngineSnapshot()
-        self.step_hooks = []            # called on the engine thread after each step: hook(outputs, timing)
+        self.step_hooks: list[StepHook] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
-        self._num_pending_adds = 0
+        self._num_pending_adds = 0      # sent but not yet in a published snapshot's num_waiting
         self._lock = threading.Lock()   # guards _streams and _num_pending_adds across threads
         self._accepting = True
         self._stop = False
@@ -98,21 +185,23 @@ class AsyncLLMEngine:
     # -- handler side (any event loop) --------------------------------------------------------------
     @property
     def accepting(self) -> bool:
-        return self._accepting and self.error is None
+        return self._accepting and self.error is None and self._thread.is_alive()
 
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._streams)
 
-    async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
-                       request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
-                       priority: int = 0, stream: bool = True) -> AsyncIterator[RequestOutput]:
-        """Yields RequestOutputs: deltas when stream=True, else one final output. Closing the
-        iterator early (client gone, deadline passed) aborts the request and frees its blocks."""
-        if self.error is not None:
+    def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
+                    request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
+                    priority: int = 0, stream: bool = True) -> RequestStream:
+        """Queues a request now and returns its RequestStream. Raises at once, before anything is
+        queued: EngineDrainingError (shutting down), QueueFullError (past --max-queued-requests),
+        EngineDeadError, ValueError (request id in use). Call from an event loop."""
+        if self.error is not None or not self._thread.is_alive():
             raise EngineDeadError(f"the engine stopped after an error: {self.error}")
         if not self._accepting:
-            raise EngineDrainingError("the server is shutting down and accepts no new requests")
+            raise EngineDrainingError("the server is shutting down and accepts no new requests; "
+                                      "retry against another replica")
         request_id = request_id or uuid.uuid4().hex
         s = _Stream(asyncio.get_running_loop())
         with self._lock:
@@ -124,24 +213,23 @@ class AsyncLLMEngine:
                                      "retry later or start the server with a larger --max-queued-requests")
             self._streams[request_id] = s
             self._num_pending_adds += 1
+        # Always "delta" inside the engine: every step then reports every request (exact metrics),
+        # and a non-streaming caller's RequestStream folds the deltas into one output.
         self._send(_Add(request_id, prompt, None if prompt_token_ids is None else list(prompt_token_ids),
-                        params or SamplingParams(), priority, "delta" if stream else "final", s))
-        finished = False
-        try:
-            while True:
-                item = await s.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self._send(_Abort(request_id))   # client gone: free the blocks at once
-            with self._lock:
-                self._streams.pop(request_id, None)
+                        params or SamplingParams(), priority, s))
+        return RequestStream(self, request_id, s, incremental=stream)
+
+    async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
+                       request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
+                       priority: int = 0, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Yields RequestOutputs: deltas when stream=True, else one final output. Closing the
+        iterator early (client gone, deadline passed) aborts the request and frees its blocks.
+        The errors of add_request are raised on the first iteration."""
+        outputs = self.add_request(prompt, params, request_id, prompt_token_ids=prompt_token_ids,
+                                   priority=priority, stream=stream)
+        async with outputs:
+            async for output in outputs:
+                yield output
 
     async def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
@@ -150,15 +238,26 @@ class AsyncLLMEngine:
         self._inbox.put(command)
         self._wakeup.set()
 
+    def _release(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+
+    def stop_accepting(self) -> None:
+        """New requests get EngineDrainingError from now on; the ones in flight carry on."""
+        self._accepting = False
+
     async def shutdown(self, timeout: float = 30.0) -> None:
         """Stops accepting, lets in-flight requests finish for up to `timeout` seconds, aborts the
-        rest, then stops the engine thread."""
+        rest (their streams end with finish_reason "abort"), then stops the engine thread."""
         self._accepting = False
         deadline = time.monotonic() + timeout
         while self.num_in_flight() and time.monotonic() < deadline and self._thread.is_alive():
             await asyncio.sleep(0.05)
         with self._lock:
             left = list(self._streams)
+        if left:
+            logger.warning("shutdown timeout (%.1f s) passed; aborting %d request(s) still in flight",
+                           timeout, len(left))
         for request_id in left:
             self._send(_Abort(request_id))
         self._stop = True
@@ -167,63 +266,101 @@ class AsyncLLMEngine:
 
     # -- engine thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        # Inference mode is per thread: the whole loop runs under it (no autograd bookkeeping, and the
+        # sampler may update the runner's inference-mode logits in place).
+        with torch.inference_mode():
+            self._loop()
+
+    def _loop(self) -> None:
         engine = self.engine
-        while not self._stop:
-            self._drain_inbox()
-            if not engine.has_unfinished_requests():
-                self._publish()
-                self._wakeup.wait(0.5)
+        try:
+            while not self._stop:
+                # Cleared before the inbox is read, so a command sent after the read still wakes us.
                 self._wakeup.clear()
-                continue
-            try:
-                outputs = engine.step()
-            except Exception as e:  # a failed step fails the requests in flight, not the server
-                logger.exception("engine step failed; failing the requests in flight")
-                self._fail_all(e)
-                continue
-            for output in outputs:
-                with self._lock:
-                    s = self._streams.get(output.request_id)
-                if s is not None:
-                    s.put(output)
-            self._publish()
-            for hook in self.step_hooks:
+                self._drain_inbox()
+                if not engine.has_unfinished_requests():
+                    self._wakeup.wait(0.5)
+                    continue
                 try:
-                    hook(outputs, engine.last_step_timing)
-                except Exception:
-                    logger.exception("step hook failed")
-        self._drain_inbox()
-        for request_id in list(engine.requests):
-            engine.abort_request(request_id)
+                    outputs = engine.step()
+                except Exception as e:  # a failed step fails the requests in flight, not the server
+                    logger.exception("engine step failed; failing the requests in flight")
+                    self._fail_all(e)
+                    continue
+                for output in outputs:
+                    self._deliver(output)
+                self._publish()
+                self._call_hooks(outputs, engine.last_step_timing)
+            self._drain_inbox()
+            for request_id in list(engine.requests):
+                self._abort(request_id)
+            self._publish()
+        except BaseException as e:  # the loop itself broke: fail everyone rather than hang them
+            logger.exception("the engine thread stopped")
+            self.error = e
+            with self._lock:
+                streams = list(self._streams.values())
+            for s in streams:
+                s.put(EngineDeadError(f"the engine stopped after an error: {e}"))
+
+    def _deliver(self, output: RequestOutput) -> None:
+        with self._lock:
+            s = self._streams.get(output.request_id)
+        if s is not None:
+            s.put(output)
+
+    def _call_hooks(self, outputs: list[RequestOutput], timing: dict | None) -> None:
+        for hook in self.step_hooks:
+            try:
+                hook(outputs, timing)
+            except Exception:
+                logger.exception("step hook failed")
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort_request(request_id)
+        if output is not None:
+            self._deliver(output)        # a server-side abort (shutdown) ends the stream; a client
+            self._call_hooks([output], None)  # abort finds no stream left
 
     def _drain_inbox(self) -> None:
+        num_adds = num_commands = 0
         while True:
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
+            num_commands += 1
             if isinstance(command, _Add):
+                num_adds += 1
                 with self._lock:
-                    self._num_pending_adds -= 1
                     alive = command.request_id in self._streams
                 if not alive:
                     continue    # the client left before the engine saw the request
                 try:
                     self.engine.add_request(command.request_id, prompt=command.prompt, params=command.params,
                                             prompt_token_ids=command.prompt_token_ids,
-                                            priority=command.priority, output_kind=command.output_kind)
+                                            priority=command.priority, output_kind="delta")
                 except Exception as e:  # this request alone fails
                     command.stream.put(e)
             else:
-                self.engine.abort_request(command.request_id)
+                self._abort(command.request_id)
+        if num_commands:
+            # Publish before un-counting the adds, so the queue bound always sees them in one place.
+            self._publish()
+        if num_adds:
+            with self._lock:
+                self._num_pending_adds -= num_adds
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in list(self.engine.requests):
-            self.engine.abort_request(request_id)
+            output = self.engine.abort_request(request_id)
             with self._lock:
                 s = self._streams.get(request_id)
             if s is not None:
                 s.put(RuntimeError(f"the engine failed while running this request: {error}"))
+            if output is not None:
+                self._call_hooks([output], None)
+        self._publish()
 
     def _publish(self) -> None:
         st = self.engine.scheduler.stats()

@@ -1,0 +1,99 @@
+"""`pagedcore serve [MODEL]`: the flags (vLLM's names where vLLM has them) and their checks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pagedcore.config import parse_memory_size
+from pagedcore.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+DEFAULT_PORT = 8000
+DEFAULT_GRPC_PORT = 8033
+DEFAULT_MAX_BODY = 4 << 20
+
+
+def _byte_size(text: str) -> int:
+    value = parse_memory_size(text)
+    if isinstance(value, float):
+        raise argparse.ArgumentTypeError(f"{text!r} is a fraction; give bytes or a size like 4MiB")
+    return value
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI HTTP API and TGIS gRPC",
+        description="Serve one model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /tokenize, /detokenize, /health, /metrics, /version) and the TGIS gRPC protocol "
+                    "(fmaas.GenerationService), from one process and one engine. SIGTERM or Ctrl-C drains: "
+                    "requests in flight finish, new ones get 503, then the server exits 0.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF folder or .gguf file; leave out for the bundled SmolLM2-135M-Instruct")
+    p.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                   help="the same as the positional MODEL (vLLM accepts both)")
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (HTTP and gRPC); 0.0.0.0 or :: to accept other machines")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port of the OpenAI-compatible API")
+    g.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC (TGIS) port; 0 turns gRPC off")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) clients send in 'model'; the first is reported in responses "
+                        "(default: the model argument, or the bundled model's file name)")
+    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and gRPC calls; "
+                        "repeat or separate with commas for several keys; PAGEDCORE_API_KEY adds more. "
+                        "/health, /metrics and /version stay open")
+    g.add_argument("--chat-template", default=None, metavar="FILE_OR_JINJA",
+                   help="chat template for /v1/chat/completions: a file, or the Jinja text itself "
+                        "(default: the model's own)")
+    g.add_argument("--max-queued-requests", type=int, default=1024,
+                   help="most requests waiting for a place in the batch; past it new requests get 429 "
+                        "(gRPC: RESOURCE_EXHAUSTED)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds that requests in flight get to finish after SIGTERM/SIGINT before they are aborted")
+    g.add_argument("--max-request-body-bytes", type=_byte_size, default=DEFAULT_MAX_BODY, metavar="BYTES",
+                   help="largest HTTP request body accepted (bytes or a size like 8MiB); larger gets 413")
+    g.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="log level of the HTTP server (info logs every request)")
+    g.add_argument("--enable-trace", action="store_true",
+                   help="record the engine's per-step trace (for the live simulator page)")
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def served_names(args, model: str | None) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    if model is not None:
+        return [model]
+    from pagedcore.loader import default_model_path
+
+    return [os.path.splitext(os.path.basename(default_model_path()))[0]]
+
+
+def cmd_serve(args) -> int:
+    from pagedcore.serving import server
+    from pagedcore.serving.auth import parse_api_keys
+    from pagedcore.serving.openai.chat_template import load_chat_template
+    from pagedcore.serving.state import ServerState
+
+    if args.model and args.model_option and args.model != args.model_option:
+        raise ValueError(f"two models given ({args.model!r} and --model {args.model_option!r}); give one")
+    model = args.model or args.model_option
+    for flag, value in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        if not 0 <= value <= 65535:
+            raise ValueError(f"{flag} {value} is not a TCP port; use 1..65535 (0: any free port)")
+    if args.max_queued_requests < 1:
+        raise ValueError(f"--max-queued-requests must be >= 1, got {args.max_queued_requests}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    config = engine_config_from_args(args, model=model, enable_trace=args.enable_trace)
+    state = ServerState(served_model_names=served_names(args, model),
+                        max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key))
+    try:
+        return server.run(args, config, state, load_chat_template(args.chat_template))
+    except OSError as error:
+        raise ValueError(str(error)) from None

@@ -1,0 +1,112 @@
+"""The FastAPI app: routes, API-key protection and the error handlers that keep every client error in
+OpenAI's shape. Handlers live in serving/openai/; this file only wires them."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedcore import __version__
+from pagedcore.serving.auth import APIKeyCheck
+from pagedcore.serving.metrics import CONTENT_TYPE
+from pagedcore.serving.openai.chat import create_chat_completion
+from pagedcore.serving.openai.completions import create_completion
+from pagedcore.serving.openai.errors import APIError, api_error_response, error_response
+from pagedcore.serving.openai.tokenize import detokenize, tokenize
+from pagedcore.serving.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="pagedcore", version=__version__,
+                  description="OpenAI-compatible completions and chat on a paged-KV engine")
+    app.state.server = state
+    _add_error_handlers(app)
+
+    protected = APIRouter(dependencies=[Depends(APIKeyCheck(state.api_keys))])
+
+    @protected.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request, state)
+
+    @protected.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request, state)
+
+    @protected.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [_model_card(state, name) for name in _served(state)]}
+
+    @protected.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> dict:
+        state.require_loaded()
+        state.check_model(model)
+        return _model_card(state, model)
+
+    @protected.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict:
+        return await tokenize(request, state)
+
+    @protected.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict:
+        return await detokenize(request, state)
+
+    app.include_router(protected)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if state.draining or not state.engine.accepting:
+            return JSONResponse({"status": "draining" if state.engine.error is None else "failed"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = state.metrics.render() if state.metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _served(state: ServerState) -> list[str]:
+    state.require_loaded()
+    return state.served_model_names
+
+
+def _model_card(state: ServerState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "pagedcore",
+            "root": state.model_path, "parent": None, "max_model_len": state.max_model_len}
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, error: APIError) -> Response:
+        return api_error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> Response:
+        # Unknown routes (404), wrong methods (405): FastAPI's {"detail"} in OpenAI's shape.
+        return error_response(error.status_code, str(error.detail), headers=getattr(error, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> Response:
+        # Our handlers parse bodies themselves; this only catches path/query parameters. 400, not 422.
+        first = error.errors()[0] if error.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+        return error_response(400, f"{param}: {first.get('msg', 'invalid request')}", param or None)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception) -> Response:
+        logger.exception("unhandled error")
+        return error_response(500, f"internal server error ({type(error).__name__}: {error}); this is a bug in "
+                                   "pagedcore, please report it with the request that caused it")

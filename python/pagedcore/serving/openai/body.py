@@ -1,0 +1,93 @@
+"""Reading a request body: the size limit (413) and JSON -> request model with 400s that name the field."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from pagedcore.serving.openai.errors import APIError, bad_request
+from pagedcore.serving.openai.protocol import UNION_TYPES
+
+logger = logging.getLogger(__name__)
+
+
+def too_large(size: int | str, limit: int) -> APIError:
+    return APIError(413, f"the request body is {size} bytes, more than this server's limit of {limit} bytes; "
+                         "send a smaller request or start the server with a larger --max-request-body-bytes")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing (413) as soon as it passes `limit` bytes, declared or streamed."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(declared, limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit}", limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_request(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
+    body = await read_body(request, limit)
+    if not body.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        parsed = model.model_validate_json(body)
+    except ValidationError as error:
+        raise bad_request(*describe(error)) from None
+    if parsed.model_extra:
+        logger.warning("ignoring fields this server does not support: %s", ", ".join(sorted(parsed.model_extra)))
+    return parsed
+
+
+def describe(error: ValidationError) -> tuple[str, str | None]:
+    """pydantic's errors -> one message and the dotted path of the field at fault."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return f"the request body is not valid JSON ({first['msg'].removeprefix('Invalid JSON: ')})", None
+    loc = [str(p) for p in first["loc"]]
+    if not loc:
+        return "the request body must be a JSON object", None
+    # A value that fits no member of a union yields one error per member: name the union instead.
+    path = _union_path(loc)
+    if path is not None and len(errors) > 1:
+        # An error inside a member that matched in shape (a list with one bad item) says the most.
+        deeper = [e for e in errors if len(e["loc"]) > len(path) + 1]
+        if len({str(e["loc"][len(path)]) for e in deeper}) == 1:
+            first, loc = deeper[0], [str(p) for p in deeper[0]["loc"]]
+        else:
+            param = ".".join(path)
+            return f"{param} must be {UNION_TYPES[path[-1]]}, got {_json_type(first.get('input'))}", param
+    param = ".".join(p for p in loc if not _is_type_tag(p))
+    if first["type"] == "missing":
+        return f"{param} is required", param
+    return f"{param}: {first['msg']} (got {_show(first.get('input'))})", param
+
+
+def _union_path(loc: list[str]) -> list[str] | None:
+    for i, part in enumerate(loc):
+        if part in UNION_TYPES:
+            return loc[:i + 1]
+    return None
+
+
+def _is_type_tag(part: str) -> bool:
+    # pydantic puts the union member it tried into the path ("prompt.list[int].0"); the client never wrote it
+    return "[" in part or part in ("str", "int", "float", "bool", "dict", "list", "ContentPart")
+
+
+def _json_type(value) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,165 @@
+"""POST /v1/completions: prompts (text or token ids, one or a batch) -> completions, whole or as SSE."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedcore.outputs import RequestOutput
+from pagedcore.serving.openai.body import parse_request
+from pagedcore.serving.openai.errors import APIError, bad_request, engine_error, error_body
+from pagedcore.serving.openai.logprobs import CompletionLogprobs
+from pagedcore.serving.openai.params import sampling_params
+from pagedcore.serving.openai.protocol import CompletionRequest
+from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, close_all, collect, merge_streams,
+                                                sse, until_disconnected)
+from pagedcore.serving.openai.usage import Usage, usage_of
+from pagedcore.serving.state import ServerState
+
+DEFAULT_MAX_TOKENS = 16
+
+
+async def create_completion(request: Request, state: ServerState) -> Response:
+    req = await parse_request(request, CompletionRequest, state.max_request_body_bytes)
+    state.check_model(req.model)
+    engine = state.require_engine()
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("best_of is not supported (vLLM's V1 engine dropped it too); use n", "best_of")
+    if req.suffix is not None:
+        raise bad_request("suffix (insertion) is not supported by this model", "suffix")
+    prompts = _prompts(req, state)
+    # echo with logprobs reports the prompt's tokens too: they need prompt logprobs.
+    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    params = [sampling_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
+                              default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs,
+                              prompt_logprobs=prompt_logprobs)
+              for _, ids in prompts]
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    streams = []
+    try:
+        for i, ((text, ids), p) in enumerate(zip(prompts, params)):
+            streams.append(engine.add_request(text, p, f"{request_id}-{i}" if len(prompts) > 1 else request_id,
+                                              prompt_token_ids=ids, priority=req.priority, stream=req.stream))
+    except Exception as error:
+        await close_all(streams)
+        raise engine_error(error) from None
+    meta = _Meta(request_id, state, req, prompts)
+    if req.stream:
+        return StreamingResponse(_stream(streams, meta), media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        outputs = await until_disconnected(request, collect(streams))
+    except ClientGone:
+        return Response(status_code=499)   # nobody reads it; the requests are already aborted
+    except Exception as error:
+        raise engine_error(error) from None
+    finally:
+        await close_all(streams)
+    return JSONResponse(_response(outputs, meta))
+
+
+class _Meta:
+    """What every chunk and the final body repeat."""
+
+    def __init__(self, request_id: str, state: ServerState, req: CompletionRequest, prompts):
+        self.request_id, self.state, self.req = request_id, state, req
+        self.created = int(time.time())
+        self.prompt_texts = [text if text is not None else state.tokenizer.decode(ids) for text, ids in prompts]
+
+    def envelope(self, choices: list, usage: dict | None = None) -> dict:
+        body = {"id": self.request_id, "object": "text_completion", "created": self.created,
+                "model": self.state.model_name, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+
+def _prompts(req: CompletionRequest, state: ServerState) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt of the batch."""
+    p = req.prompt
+    if isinstance(p, str):
+        batch = [p]
+    elif not p:
+        raise bad_request("prompt is an empty list; send a string, token ids, or a batch of them", "prompt")
+    elif isinstance(p[0], int):
+        batch = [p]
+    else:
+        batch = p
+    prompts = []
+    for i, item in enumerate(batch):
+        where = "prompt" if len(batch) == 1 else f"prompt.{i}"
+        if isinstance(item, str):
+            ids = state.tokenizer.encode(item, add_special_tokens=req.add_special_tokens)
+            prompts.append((item, ids))
+        else:
+            bad = [t for t in item if not 0 <= t < state.vocab_size]
+            if bad:
+                raise bad_request(f"{where} has token id {bad[0]}, outside this model's vocabulary "
+                                  f"[0, {state.vocab_size})", where)
+            prompts.append((None, list(item)))
+        if not prompts[-1][1]:
+            raise bad_request(f"{where} is empty; send at least one token", where)
+    return prompts
+
+
+def _response(outputs: list[RequestOutput], meta: _Meta) -> dict:
+    req, tokenizer = meta.req, meta.state.tokenizer
+    choices = []
+    for i, out in enumerate(outputs):
+        for c in out.outputs:
+            if c.finish_reason == "abort":
+                raise APIError(503, "the server shut down before this request finished; retry it")
+            text = c.text
+            logprobs = None
+            if req.logprobs is not None:
+                builder = CompletionLogprobs(req.logprobs, tokenizer)
+                token_ids, positions = list(c.token_ids), list(c.logprobs or [])
+                if req.echo:
+                    token_ids = out.prompt_token_ids + token_ids
+                    positions = list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + positions
+                logprobs = builder.build(token_ids, positions)
+            if req.echo:
+                text = meta.prompt_texts[i] + text
+            choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return meta.envelope(choices, usage_of(outputs))
+
+
+async def _stream(streams, meta: _Meta):
+    req, tokenizer = meta.req, meta.state.tokenizer
+    options = req.stream_options
+    usage = Usage(len(streams))
+    builders: dict[int, CompletionLogprobs] = {}     # choice index -> its running text offset
+    started: set[int] = set()
+    try:
+        async for i, out in merge_streams(streams):
+            usage.add(i, out)
+            for c in out.outputs:
+                index = i * req.n + c.index
+                text, token_ids, positions = c.text, list(c.token_ids), list(c.logprobs or [])
+                if index not in started:
+                    started.add(index)
+                    if req.echo:
+                        text = meta.prompt_texts[i] + text
+                        token_ids = out.prompt_token_ids + token_ids
+                        positions = list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + positions
+                logprobs = None
+                if req.logprobs is not None:
+                    builder = builders.setdefault(index, CompletionLogprobs(req.logprobs, tokenizer))
+                    logprobs = builder.build(token_ids, positions)
+                if not text and c.finish_reason is None and not (logprobs and logprobs["tokens"]):
+                    continue
+                choice = {"index": index, "text": text, "logprobs": logprobs,
+                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                continuous = options is not None and options.continuous_usage_stats
+                yield sse(meta.envelope([choice], usage.as_dict() if continuous else None))
+        if options is not None and options.include_usage:
+            yield sse(meta.envelope([], usage.as_dict()))
+    except Exception as error:   # the response has started: report in-band, as OpenAI does
+        e = engine_error(error)
+        yield sse(error_body(e.status, e.message, e.param, e.code))
+    finally:
+        await close_all(streams)
+    yield DONE

@@ -1,0 +1,117 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra sampling fields.
+
+Strict types: a string where a number belongs is a 400 naming the field, never silently coerced.
+Ranges are not checked here but by SamplingParams (one set of rules for every front end).
+Unknown fields are ignored with a warning, as vLLM does, so clients that send newer OpenAI fields
+keep working. Responses are plain dicts built beside their handlers (completions.py, chat.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False            # one last chunk with the usage of the whole request
+    continuous_usage_stats: bool = False   # vLLM: usage so far in every chunk
+
+
+class SamplingFields(_Body):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None       # None: the model's generation_config default, else 1.0
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None   # token id (as a JSON string key) -> bias in [-100, 100]
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None                # accepted for compatibility; not used
+    # vLLM's extra body fields.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    priority: int = 0                      # lower runs first, with --scheduling-policy priority
+
+
+class CompletionRequest(SamplingFields):
+    # A string, a batch of strings, token ids, or a batch of token-id lists.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = None          # unset: 16 (OpenAI's and vLLM's default), cut to what fits
+    logprobs: int | None = None            # top-N alternatives per token (plus the chosen one)
+    echo: bool = False                     # put the prompt before the completion
+    best_of: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool = True        # vLLM: BOS etc. when tokenizing a string prompt
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None          # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None        # alternatives per token, with logprobs=true
+    echo: bool = False                     # vLLM: repeat the last message when it is the assistant's
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False   # vLLM: extend the last (assistant) message instead
+    add_special_tokens: bool = False       # the chat template writes the special tokens itself
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted so that clients sending them get a clear refusal instead of silence.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a prompt, or chat messages rendered through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None   # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+# Human words for the unions, used when a value matches none of their members.
+UNION_TYPES = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "a string or a list of strings",
+    "content": "a string, a list of content parts ({\"type\": \"text\", \"text\": ...}) or null",
+}

@@ -1,0 +1,172 @@
+"""`pagedcore serve`: one process, one engine, two front ends (OpenAI HTTP and TGIS gRPC).
+
+Life of the process:
+    bind HTTP ─▶ HTTP up (/health 503 "loading") ─▶ load model (thread) ─▶ engine thread + gRPC ─▶ ready
+    SIGTERM / SIGINT ─▶ drain: /health 503, new requests 503 / UNAVAILABLE, in-flight requests finish
+    (at most --shutdown-timeout s, then aborted) ─▶ listeners close ─▶ exit 0.  A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from pagedcore import __version__
+from pagedcore.config import EngineConfig
+from pagedcore.engine.llm_engine import LLMEngine
+from pagedcore.serving.async_engine import AsyncLLMEngine
+from pagedcore.serving.http_app import build_app
+from pagedcore.serving.metrics import ServerMetrics
+from pagedcore.serving.state import ServerState
+
+logger = logging.getLogger("pagedcore.serve")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, but a signal starts our drain instead of closing the listener at once: /health must
+    keep answering 503 while in-flight requests finish."""
+
+    def __init__(self, config: uvicorn.Config, on_signal):
+        super().__init__(config)
+        self._on_signal = on_signal
+        self._signalled = False
+
+    def handle_exit(self, sig: int, frame) -> None:   # runs in the main thread, which runs the loop
+        if self._signalled:
+            logger.warning("second %s: exiting now without draining", signal.Signals(sig).name)
+            os._exit(1)
+        self._signalled = True
+        self._on_signal(sig)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound before anything slow so a port clash fails in a second."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as error:
+        raise OSError(f"cannot listen for HTTP on {host}:{port} ({error.strerror or error}); is another server "
+                      "running there? pick another --port") from None
+
+
+def run(args: argparse.Namespace, config: EngineConfig, state: ServerState, chat_template: str | None) -> int:
+    sock = bind_socket(args.host, args.port)
+    return asyncio.run(_serve(args, config, state, chat_template, sock))
+
+
+async def _serve(args, config: EngineConfig, state: ServerState, chat_template: str | None,
+                 sock: socket.socket) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: int) -> None:
+        logger.info("%s received: draining (up to %.0f s for requests in flight; repeat the signal to exit now)",
+                    signal.Signals(sig).name, args.shutdown_timeout)
+        loop.call_soon_threadsafe(stop.set)
+
+    http = _Uvicorn(uvicorn.Config(build_app(state), log_level=args.uvicorn_log_level, lifespan="off",
+                                   timeout_graceful_shutdown=5, server_header=False), on_signal)
+    http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    host, port = sock.getsockname()[:2]
+    logger.info("pagedcore %s: HTTP on http://%s:%s (health 503 until the model is loaded)", __version__,
+                f"[{host}]" if ":" in host else host, port)
+
+    load_task = asyncio.ensure_future(_load_in_thread(config))
+    stop_task = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({load_task, stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not load_task.done():                 # stopped, or the HTTP server died, while loading
+        http.should_exit = True
+        await http_task
+        return 0 if stop.is_set() else 1
+    if load_task.exception() is not None:
+        logger.error("could not load the model: %s", load_task.exception())
+        http.should_exit = True
+        await http_task
+        return 1
+
+    engine: LLMEngine = load_task.result()
+    _log_loaded(engine)
+    async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
+    state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.config.max_model_len)
+    async_engine.step_hooks.append(state.metrics.on_step)
+    state.attach(async_engine, chat_template, created=int(time.time()))
+    grpc_server, code = await _start_grpc(args, async_engine, state), 0
+    if grpc_server is False:
+        stop.set()
+        code = 1
+    logger.info("ready: serving %s (max_model_len %d)", ", ".join(state.served_model_names), state.max_model_len)
+
+    await asyncio.wait({stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    await _drain(args, state, async_engine, grpc_server or None)
+    http.should_exit = True
+    await http_task
+    logger.info("shut down cleanly")
+    return code
+
+
+async def _load_in_thread(config: EngineConfig) -> LLMEngine:
+    """LLMEngine(config) on a daemon thread: a signal while loading need not wait for it."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def load():
+        try:
+            engine = LLMEngine(config)
+        except BaseException as error:   # noqa: BLE001 - handed to the loop, which reports it
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(engine))
+
+    threading.Thread(target=load, name="pagedcore-load", daemon=True).start()
+    return await future
+
+
+def _log_loaded(engine: LLMEngine) -> None:
+    loaded, config = engine.loaded, engine.config
+    num_params = sum(p.numel() for p in loaded.model.parameters())
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in loaded.load_seconds.items())
+    logger.info("loaded %s (%s, %s, %.1fM parameters) in %.1f s (%s)", loaded.source.path, loaded.source.format,
+                config.dtype, num_params / 1e6, engine.startup_seconds, phases)
+    logger.info("%s; max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s",
+                engine.kv_cache_description, config.max_model_len, config.max_num_seqs,
+                config.max_num_batched_tokens, "on" if config.enable_prefix_caching else "off")
+
+
+async def _start_grpc(args, async_engine: AsyncLLMEngine, state: ServerState):
+    """The gRPC server, None when off or not built, False when it failed to start."""
+    if not args.grpc_port:
+        logger.info("gRPC disabled (--grpc-port 0)")
+        return None
+    try:
+        from pagedcore.serving.grpc.server import start_grpc_server
+    except ImportError as error:
+        logger.warning("gRPC unavailable (%s); serving HTTP only", error)
+        return None
+    try:
+        return await start_grpc_server(async_engine, host=args.host, port=args.grpc_port, api_keys=state.api_keys,
+                                       served_model_name=state.model_name, max_model_len=state.max_model_len)
+    except Exception as error:  # noqa: BLE001 - a port clash or a bad build: say so and stop cleanly
+        logger.error("could not start gRPC on port %s: %s; shutting down (use --grpc-port 0 to serve HTTP only)",
+                     args.grpc_port, error)
+        return False
+
+
+async def _drain(args, state: ServerState, async_engine: AsyncLLMEngine, grpc_server) -> None:
+    state.draining = True                         # /health 503, new HTTP requests 503
+    async_engine.stop_accepting()
+    if grpc_server is not None:
+        await grpc_server.begin_drain()           # gRPC health NOT_SERVING, new calls UNAVAILABLE
+    in_flight = async_engine.num_in_flight()
+    if in_flight:
+        logger.info("waiting for %d request(s) in flight", in_flight)
+    await async_engine.shutdown(args.shutdown_timeout)
+    if grpc_server is not None:
+        await grpc_server.stop(grace=5)
