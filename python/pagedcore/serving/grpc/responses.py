@@ -80,8 +80,7 @@ def token_infos(tokenizer, token_ids: list[int], logprobs: list[dict[int, Logpro
     return infos
 
 
-def _add_input_details(response, tokenizer, prompt: FittedPrompt, prompt_text: str,
-                       prompt_logprobs, plan: GenerationPlan) -> None:
+def _add_input_details(response, tokenizer, prompt: FittedPrompt, prompt_logprobs, plan: GenerationPlan) -> None:
     response.input_token_count = len(prompt.token_ids)
     if plan.seed is not None:
         response.seed = plan.seed
@@ -97,7 +96,7 @@ def generation_response(tokenizer, prompt: FittedPrompt, prompt_text: str, plan:
     response = pb.GenerationResponse(
         generated_token_count=len(progress.token_ids), stop_reason=reason, stop_sequence=stop_sequence,
         text=(prompt_text if plan.detail.input_text else "") + progress.text)
-    _add_input_details(response, tokenizer, prompt, prompt_text, progress.prompt_logprobs, plan)
+    _add_input_details(response, tokenizer, prompt, progress.prompt_logprobs, plan)
     if plan.detail.generated_tokens:
         response.tokens.extend(token_infos(tokenizer, progress.token_ids, progress.logprobs, plan.detail))
     return response
@@ -107,7 +106,7 @@ def stream_input_message(tokenizer, prompt: FittedPrompt, prompt_text: str, plan
                          prompt_logprobs):
     """GenerateStream's first message: the input side (token count, input tokens, input text, seed)."""
     response = pb.GenerationResponse(text=prompt_text if plan.detail.input_text else "")
-    _add_input_details(response, tokenizer, prompt, prompt_text, prompt_logprobs, plan)
+    _add_input_details(response, tokenizer, prompt, prompt_logprobs, plan)
     return response
 
 
