@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import tiny_gguf
-import tiny_models
 from gguf import GGMLQuantizationType as T
-from paged_driver import PagedDriver
 
 from pagedcore.loader import load_model
+
+from . import tiny_gguf
+from ..models import tiny_models
+from ..models.paged_driver import PagedDriver
 
 ATOL = 1e-4
 PROMPT = list(range(5, 30))

@@ -7,13 +7,14 @@ import importlib.util
 import os
 
 import pytest
-import tiny_gguf
-import tiny_models
 from gguf import GGMLQuantizationType as T
 
 from pagedcore.loader import load_model
 from pagedcore.loader.gguf_file import GGUFFile
 from pagedcore.loader.tokenizer import _tokenizer_via_auto, tokenizer_from_gguf
+
+from . import tiny_gguf
+from ..models import tiny_models
 
 TEXTS = [
     "Hello world",

@@ -8,12 +8,13 @@ import json
 import gguf
 import numpy as np
 import pytest
-import tiny_gguf
-import tiny_models
 from gguf import GGMLQuantizationType as T
 
 from pagedcore.loader import ModelLoadError, load_model
 from pagedcore.loader import source as source_module
+
+from . import tiny_gguf
+from ..models import tiny_models
 
 
 @pytest.fixture(scope="module")

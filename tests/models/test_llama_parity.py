@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_driver import PagedDriver
-from tiny_models import TINY_KINDS, VOCAB_SIZE, build_hf_model, hf_logits, save_hf_folder
 
 from pagedcore.loader import load_model
+
+from .paged_driver import PagedDriver
+from .tiny_models import TINY_KINDS, VOCAB_SIZE, build_hf_model, hf_logits, save_hf_folder
 
 ATOL = 1e-4
 NUM_GENERATED = 32
