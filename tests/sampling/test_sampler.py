@@ -187,3 +187,15 @@ def test_half_precision_logits_are_widened():
     out = run([SamplingParams(temperature=0, logprobs=1)] * 3, logits)
     assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
     assert out.logprobs.dtype == torch.float32
+
+
+def test_all_greedy_step_runs_nothing_but_argmax(monkeypatch):
+    import pagedcore.sampler as sampler_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a random-path stage ran in an all-greedy step")
+
+    for name in ("to_weights_", "block_race", "sample_truncated", "gather_logprobs"):
+        monkeypatch.setattr(sampler_module, name, forbidden)
+    logits = torch.randn(4, 100)
+    assert torch.equal(run([SamplingParams(temperature=0)] * 4, logits).sampled_token_ids, logits.argmax(-1))
