@@ -1,7 +1,7 @@
 // How the CPU kernels spread work over cores: a dynamic task loop over OpenMP (default when built
 // with it) or over a small persistent std::thread pool.
 //
-// Why OpenMP by default (measured, see bench/README_attention.md): torch's CPU wheel ships its
+// Why OpenMP by default (measured with bench/bench_attention.py --threading; figures in its docstring): torch's CPU wheel ships its
 // libgomp under the soname libgomp.so.1, so the dynamic loader maps ours and torch's to one runtime
 // and one thread team. Our parallel regions reuse torch's spinning workers (no wake-up latency) and
 // leave no second team spinning beside torch's GEMMs. A private pool cannot avoid competing with

@@ -109,6 +109,39 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
                   differ from key's (fp32 -> bf16 rounds to nearest even)
     slot_mapping: int64 [num_tokens]
     """
+    # Fast path: each property read once (they cost ~0.1-0.5 us apiece); any doubt goes to the
+    # detailed checks, which raise with the fix in the message.
+    try:
+        kshape, cshape = key.shape, key_cache.shape
+        kstride, vstride = key.stride(), value.stride()
+        src_code = _DTYPE_CODE.get(key.dtype)
+        cache_code = _DTYPE_CODE.get(key_cache.dtype)
+        ok = (key.is_cpu and value.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
+              and src_code is not None and cache_code is not None and value.dtype is key.dtype
+              and value_cache.dtype is key_cache.dtype and len(kshape) == 3 and len(cshape) == 4
+              and value.shape == kshape and value_cache.shape == cshape
+              and kshape[1] == cshape[1] and kshape[2] == cshape[3] and kstride[2] == 1 and vstride[2] == 1
+              and key_cache.is_contiguous() and value_cache.is_contiguous()
+              and slot_mapping.dtype is torch.int64 and slot_mapping.shape == kshape[:1]
+              and slot_mapping.is_contiguous())
+    except (AttributeError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    num_tokens = kshape[0]
+    if num_tokens == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        return
+    _core.reshape_and_cache_cpu(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        slot_mapping.data_ptr(), num_tokens, cshape[1], cshape[3], cshape[0], cshape[2],
+        kstride[0], kstride[1], vstride[0], vstride[1], src_code, cache_code)
+
+
+def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Raises the precise error for a call the fast path refused."""
     _check_cpu("reshape_and_cache", key=key, value=value, key_cache=key_cache,
                value_cache=value_cache, slot_mapping=slot_mapping)
     _check_cache_pair(key_cache, value_cache)
@@ -120,18 +153,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
         raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
     if value.dtype != key.dtype:
         raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
-    src_code = _dtype_code(key, "key")
+    _dtype_code(key, "key")
     _check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
-    if num_tokens == 0:
-        return
-    if not _HAS_CPU_KERNELS:
-        _reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-        return
-    _core.reshape_and_cache_cpu(
-        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-        slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size, num_blocks, block_size,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        src_code, _DTYPE_CODE[key_cache.dtype])
+    raise ValueError("reshape_and_cache: unsupported arguments (see the docstring for shapes and dtypes)")
 
 
 def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
@@ -146,13 +170,57 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     Row j of sequence s sits at position seq_lens[s] - q_len + j and sees positions [0, it].
     max_query_len / max_seq_len are optional upper bounds (checked when given).
     """
+    try:  # fast path, as in reshape_and_cache
+        qshape, cshape, bshape = query.shape, key_cache.shape, block_tables.shape
+        qstride, ostride = query.stride(), out.stride()
+        q_code = _DTYPE_CODE.get(query.dtype)
+        cache_code = _DTYPE_CODE.get(key_cache.dtype)
+        head_size = cshape[3]
+        ok = (query.is_cpu and out.is_cpu and key_cache.is_cpu and value_cache.is_cpu and block_tables.is_cpu
+              and seq_lens.is_cpu and query_start_loc.is_cpu
+              and q_code is not None and cache_code is not None and out.dtype is query.dtype
+              and value_cache.dtype is key_cache.dtype and len(qshape) == 3 and len(cshape) == 4
+              and out.shape == qshape and value_cache.shape == cshape and qshape[2] == head_size
+              and head_size % 8 == 0 and head_size <= MAX_HEAD_SIZE and qshape[1] % cshape[1] == 0
+              and qstride[2] == 1 and ostride[2] == 1
+              and key_cache.is_contiguous() and value_cache.is_contiguous()
+              and block_tables.dtype is torch.int32 and len(bshape) == 2 and block_tables.is_contiguous()
+              and seq_lens.dtype is torch.int32 and seq_lens.shape == bshape[:1] and seq_lens.is_contiguous()
+              and query_start_loc.dtype is torch.int32 and query_start_loc.shape[0] == bshape[0] + 1
+              and query_start_loc.dim() == 1 and query_start_loc.is_contiguous())
+    except (AttributeError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    scale = float(scale)
+    max_query_len = -1 if max_query_len is None else int(max_query_len)
+    max_seq_len = -1 if max_seq_len is None else int(max_seq_len)
+    if max_query_len < -1 or max_seq_len < -1:
+        raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
+    num_tokens, num_seqs = qshape[0], bshape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    if not _HAS_CPU_KERNELS:
+        _reference.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                   query_start_loc, scale)
+        return
+    _core.paged_attention_cpu(
+        out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
+        num_seqs, num_tokens, qshape[1], cshape[1], head_size, cshape[0], cshape[2], bshape[1],
+        qstride[0], qstride[1], ostride[0], ostride[1], q_code, cache_code, scale, max_query_len, max_seq_len)
+
+
+def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                              query_start_loc) -> None:
+    """Raises the precise error for a call the fast path refused."""
     _check_cpu("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
                block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
     _check_cache_pair(key_cache, value_cache)
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
     _check_rows(query, "query", None, head_size)
     num_tokens, num_heads, _ = query.shape
-    q_code = _dtype_code(query, "query")
+    _dtype_code(query, "query")
     if out.dtype != query.dtype:
         raise TypeError(f"out is {out.dtype} but query is {query.dtype}; allocate out with "
                         "torch.empty_like(query)")
@@ -172,26 +240,10 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
                          "[num_seqs, max_blocks_per_seq]")
     if not block_tables.is_contiguous():
         raise ValueError("block_tables must be contiguous (call block_tables.contiguous())")
-    num_seqs, max_blocks_per_seq = block_tables.shape
+    num_seqs = block_tables.shape[0]
     _check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
     _check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
-    scale = float(scale)
-    if max_query_len is not None and max_query_len < 0 or max_seq_len is not None and max_seq_len < 0:
-        raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
-    if num_tokens == 0 or num_seqs == 0:
-        return
-    if not _HAS_CPU_KERNELS:
-        _reference.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                   query_start_loc, scale)
-        return
-    _core.paged_attention_cpu(
-        out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-        block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
-        num_seqs, num_tokens, num_heads, num_kv_heads, head_size, num_blocks, block_size,
-        max_blocks_per_seq, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        q_code, _DTYPE_CODE[key_cache.dtype], scale,
-        -1 if max_query_len is None else int(max_query_len),
-        -1 if max_seq_len is None else int(max_seq_len))
+    raise ValueError("paged_attention: unsupported arguments (see the docstring for shapes and dtypes)")
 
 
 def _check_kv_cache(t: torch.Tensor, name: str) -> None:

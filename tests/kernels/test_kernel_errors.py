@@ -74,10 +74,14 @@ def test_cuda_message_without_a_gpu(monkeypatch):
         def __str__(self):
             return "cuda:0"
 
-    class FakeTensor(torch.Tensor):
+    class FakeTensor(torch.Tensor):  # a CPU tensor that says it lives on a GPU
         @property
         def device(self):
             return FakeDevice()
+
+        @property
+        def is_cpu(self):
+            return False
 
     q = torch.randn(3, 4, 64).as_subclass(FakeTensor)
     with pytest.raises(NotImplementedError, match="CUDA kernels are not built/wired yet"):

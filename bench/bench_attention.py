@@ -1,0 +1,209 @@
+"""CPU paged attention: µs per call, K/V GB/s, GFLOP/s and the bandwidth floor, against the naive
+reference and torch SDPA on pre-gathered contiguous K/V; plus how the kernel's threads get along
+with torch's GEMMs (OpenMP shared with torch vs our own std::thread pool).
+
+    .venv/bin/python bench/bench_attention.py                 # everything (~2 min on 2 cores)
+    .venv/bin/python bench/bench_attention.py --quick         # fewer cases, no reference
+    .venv/bin/python bench/bench_attention.py --threading     # only the threading comparison
+    .venv/bin/python bench/bench_attention.py --dtype fp32    # fp32 cache and activations
+
+Columns: us = median µs per call; GB/s = bytes of K/V the call must read / time; GFLOP/s =
+4 * head_size * (query head, key) pairs / time; floor = those bytes at the machine's measured read
+bandwidth (printed first); x floor = us / floor. ref = kernels_reference (Python loops over
+sequences, gather + einsum), sdpa = torch.nn.functional.scaled_dot_product_attention on K/V already
+gathered into contiguous [batch, kv_heads, seq, head] tensors (the gather itself not timed).
+
+Measured on the development machine (2-core AMD EPYC VM, AVX2/FMA, no AVX-512; shared with other
+jobs, so figures moved by +-30% between runs) -- see the report in the commit that added this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import pagedcore._core as _core
+from pagedcore import kernels, kernels_reference
+
+SHAPES = {  # name: (num_heads, num_kv_heads, head_size)
+    "SmolLM2-135M": (9, 3, 64),
+    "Qwen3-0.6B": (16, 8, 128),
+}
+DECODE = [(b, c) for b in (1, 16, 64) for c in (256, 1024, 2048)]
+PREFILL = [(512, 0), (512, 1536)]  # (chunk rows, tokens already cached before the chunk)
+
+
+def timeit(fn, min_time=0.25, max_iters=2000, min_iters=5):
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    iters = int(min(max_iters, max(min_iters, min_time / one)))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def read_bandwidth_gbs():
+    """Best of a few sums over 256 MiB (fp32), all threads and one thread."""
+    x = torch.ones(64 * 1024 * 1024)
+    best = {}
+    saved = torch.get_num_threads()
+    for nt in sorted({1, saved}):
+        torch.set_num_threads(nt)
+        x.sum()
+        t = min(timeit(x.sum, min_time=0.0, max_iters=5, min_iters=5) for _ in range(2))
+        best[nt] = x.numel() * 4 / t / 1e3
+    torch.set_num_threads(saved)
+    return best
+
+
+class Case:
+    """One batch: B sequences, each with `cached` tokens before this step and `q_len` new rows."""
+
+    def __init__(self, shape, batch, q_len, cached, dtype, block_size=16, seed=0):
+        self.h, self.hkv, self.d = SHAPES[shape]
+        self.batch, self.q_len, self.seq_len = batch, q_len, cached + q_len
+        gen = torch.Generator().manual_seed(seed)
+        blocks = -(-self.seq_len // block_size)
+        num_blocks = batch * blocks
+        self.key_cache = torch.randn(num_blocks, self.hkv, block_size, self.d, generator=gen).to(dtype)
+        self.value_cache = torch.randn(num_blocks, self.hkv, block_size, self.d, generator=gen).to(dtype)
+        self.block_tables = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks)
+        self.seq_lens = torch.full((batch,), self.seq_len, dtype=torch.int32)
+        self.query_start_loc = torch.arange(batch + 1, dtype=torch.int32) * q_len
+        self.query = torch.randn(batch * q_len, self.h, self.d, generator=gen).to(dtype)
+        self.out = torch.empty_like(self.query)
+        self.scale = self.d ** -0.5
+        elem = self.key_cache.element_size()
+        self.kv_bytes = 2 * batch * self.seq_len * self.hkv * self.d * elem
+        first = self.seq_len - q_len  # causal (row, key) pairs per head
+        pairs = batch * sum(first + j + 1 for j in range(q_len))
+        self.flops = 4 * self.d * self.h * pairs
+
+    def args(self):
+        return (self.out, self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc, self.scale)
+
+    def kernel(self):
+        kernels.paged_attention(*self.args())
+
+    def reference(self):
+        kernels_reference.paged_attention(*self.args())
+
+    def sdpa_fn(self):
+        k = torch.stack([kernels_reference.gather_kv(self.key_cache, self.block_tables[s], self.seq_len)
+                         for s in range(self.batch)]).transpose(1, 2).to(self.query.dtype)
+        v = torch.stack([kernels_reference.gather_kv(self.value_cache, self.block_tables[s], self.seq_len)
+                         for s in range(self.batch)]).transpose(1, 2).to(self.query.dtype)
+        q = self.query.view(self.batch, self.q_len, self.h, self.d).transpose(1, 2)
+        mask = None
+        if self.q_len > 1:
+            pos = self.seq_len - self.q_len + torch.arange(self.q_len)
+            mask = torch.arange(self.seq_len)[None, :] <= pos[:, None]
+        f = torch.nn.functional.scaled_dot_product_attention
+        return lambda: f(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+
+
+def bench_kernels(args, bw):
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    floor_bw = bw[max(bw)]
+    print(f"\n# paged_attention, {args.dtype} cache and activations, block_size 16, ISA {_core.kernel_isa()}, "
+          f"threads {_core.kernel_max_threads()} ({_core.kernel_threading()}); floor at {floor_bw:.1f} GB/s")
+    header = (f"{'shape':13} {'case':24} {'us':>9} {'GB/s':>6} {'GFLOP/s':>8} {'floor us':>9} "
+              f"{'x floor':>7} {'ref us':>9} {'sdpa us':>9}")
+    print(header)
+    decode = DECODE if not args.quick else [(1, 1024), (16, 1024), (64, 2048)]
+    for shape in SHAPES:
+        cases = [("decode", b, 1, c - 1) for b, c in decode] + [("prefill", 1, q, c) for q, c in PREFILL]
+        for kind, batch, q_len, cached in cases:
+            case = Case(shape, batch, q_len, cached, dtype)
+            us = timeit(case.kernel)
+            floor = case.kv_bytes / floor_bw / 1e3
+            ref = sdpa = float("nan")
+            if not args.quick:
+                ref = timeit(case.reference, min_time=0.3, max_iters=20, min_iters=2)
+                sdpa = timeit(case.sdpa_fn(), min_time=0.3, max_iters=200, min_iters=3)
+            name = (f"decode B={batch} ctx={case.seq_len}" if kind == "decode"
+                    else f"prefill {q_len} rows @{cached}")
+            print(f"{shape:13} {name:24} {us:9.1f} {case.kv_bytes / us / 1e3:6.2f} {case.flops / us / 1e3:8.2f} "
+                  f"{floor:9.1f} {us / floor:7.2f} {ref:9.0f} {sdpa:9.1f}", flush=True)
+
+
+# ---- threading: does the kernel slow the torch GEMMs around it, and does it use the cores? ----
+
+def threading_worker(mode, dtype_name):
+    """Runs in a subprocess: one decode-step-like sequence GEMM -> attention -> GEMM, per mode."""
+    _core.set_kernel_threading(mode)
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    results = {}
+    for batch, ctx in ((1, 1024), (16, 1024), (64, 1024)):
+        case = Case("SmolLM2-135M", batch, 1, ctx - 1, dtype)
+        # fp32 GEMM: on an AVX2-only CPU torch's bf16 matmul takes a slow path (~1 ms at B=1).
+        x = torch.randn(batch, 576)
+        w = torch.randn(576, 1536)  # SmolLM2 MLP up-projection shape
+
+        def gemm():
+            torch.mm(x, w)
+
+        def step():
+            torch.mm(x, w)
+            case.kernel()
+            torch.mm(x, w)
+
+        rounds = {"gemm": [], "attn": [], "step": []}
+        for _ in range(5):  # interleaved, so a noisy neighbour hits all three alike
+            rounds["gemm"].append(timeit(gemm, min_time=0.1))
+            rounds["attn"].append(timeit(case.kernel, min_time=0.1))
+            rounds["step"].append(timeit(step, min_time=0.1))
+        med = {k: statistics.median(v) for k, v in rounds.items()}
+        torch.set_num_threads(1)
+        one = statistics.median([timeit(case.kernel, min_time=0.1) for _ in range(3)])
+        torch.set_num_threads(2 if os.cpu_count() >= 2 else 1)
+        results[f"B={batch} ctx={ctx}"] = dict(med, attn_1thread=one)
+    print(json.dumps(results))
+
+
+def bench_threading(args):
+    print("\n# threading: fp32 GEMM [B,576]x[576,1536] -> paged_attention (SmolLM2, decode) -> GEMM, median us")
+    print(f"{'mode':8} {'case':16} {'gemm':>8} {'attn':>8} {'attn 1T':>8} {'step':>8} "
+          f"{'step - (2 gemm + attn)':>23}")
+    for mode in ("openmp", "pool"):
+        out = subprocess.run([sys.executable, __file__, "--threading-worker", mode, "--dtype", args.dtype],
+                             capture_output=True, text=True, check=True).stdout
+        for case, r in json.loads(out.strip().splitlines()[-1]).items():
+            extra = r["step"] - 2 * r["gemm"] - r["attn"]
+            print(f"{mode:8} {case:16} {r['gemm']:8.1f} {r['attn']:8.1f} {r['attn_1thread']:8.1f} "
+                  f"{r['step']:8.1f} {extra:23.1f}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threading", action="store_true", help="only the threading comparison")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--threading-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threading_worker:
+        threading_worker(args.threading_worker, args.dtype)
+        return
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
+    bw = read_bandwidth_gbs()
+    print("read bandwidth (sum over 256 MiB): " + ", ".join(f"{nt} thread(s) {g:.1f} GB/s" for nt, g in bw.items()))
+    if not args.threading:
+        bench_kernels(args, bw)
+    bench_threading(args)
+
+
+if __name__ == "__main__":
+    main()
