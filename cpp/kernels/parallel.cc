@@ -71,7 +71,12 @@ class ThreadPool {
     }
     cv_.notify_all();
     work(0);
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+    // Spin briefly, then yield: on an oversubscribed machine the worker we wait for may be
+    // descheduled, and spinning would only burn the time slice it needs.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+      if (spins < 4096) cpu_relax();
+      else std::this_thread::yield();
+    }
   }
 
  private:
