@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include <link.h>
 #include <sched.h>
 
 #ifdef PAGEDCORE_KERNELS_OPENMP
@@ -128,10 +129,30 @@ ThreadPool& pool() {
   return *p;
 }
 
+// OpenMP runtimes mapped into this process (libgomp*, libiomp*, libomp*). Two of them (e.g. a
+// torch build that bundles a renamed libgomp-<hash>.so.1, or LLVM's libomp) would mean two thread
+// teams spinning against each other; then the pool is the lesser evil.
+int count_openmp_runtimes() {
+  int count = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
+        name = name ? name + 1 : info->dlpi_name;
+        if (name && (std::strncmp(name, "libgomp", 7) == 0 || std::strncmp(name, "libiomp", 7) == 0 ||
+                     std::strncmp(name, "libomp", 6) == 0))
+          ++*static_cast<int*>(data);
+        return 0;
+      },
+      &count);
+  return count;
+}
+
 Threading initial_threading() {
   const char* env = std::getenv("PAGEDCORE_KERNEL_THREADING");
   if (env && std::strcmp(env, "pool") == 0) return Threading::kPool;
-  return openmp_available() ? Threading::kOpenMP : Threading::kPool;
+  if (env && std::strcmp(env, "openmp") == 0 && openmp_available()) return Threading::kOpenMP;
+  if (!openmp_available() || count_openmp_runtimes() > 1) return Threading::kPool;
+  return Threading::kOpenMP;
 }
 
 std::atomic<int>& threading_slot() {

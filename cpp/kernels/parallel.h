@@ -5,8 +5,9 @@
 // libgomp under the soname libgomp.so.1, so the dynamic loader maps ours and torch's to one runtime
 // and one thread team. Our parallel regions reuse torch's spinning workers (no wake-up latency) and
 // leave no second team spinning beside torch's GEMMs. A private pool cannot avoid competing with
-// torch's spinning OpenMP workers on a 2-core machine. PAGEDCORE_KERNEL_THREADING=pool selects the
-// pool (e.g. under a torch build whose OpenMP runtime is renamed or is not GNU's).
+// torch's spinning OpenMP workers on a 2-core machine. When two OpenMP runtimes are mapped (a torch
+// build whose runtime is renamed or not GNU's) the pool is chosen instead;
+// PAGEDCORE_KERNEL_THREADING=pool|openmp overrides the choice.
 #pragma once
 
 #include <type_traits>
@@ -16,7 +17,8 @@ namespace kernels {
 
 enum class Threading { kOpenMP = 0, kPool = 1 };
 
-// OpenMP when the build has it and PAGEDCORE_KERNEL_THREADING is not "pool".
+// OpenMP when the build has it, one OpenMP runtime is mapped, and PAGEDCORE_KERNEL_THREADING is not
+// "pool". Decided at the first call.
 Threading active_threading();
 void set_active_threading(Threading threading);  // falls back to kPool without OpenMP
 bool openmp_available();
