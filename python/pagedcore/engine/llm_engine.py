@@ -173,7 +173,8 @@ class LLMEngine:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for
         output_kind 'final')."""
         try:
-            return self._step()
+            with torch.inference_mode():
+                return self._step()
         except BaseException:
             self.scheduler.cancel_step()   # nothing advanced; the caller decides what to fail
             raise
