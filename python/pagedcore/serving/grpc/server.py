@@ -64,7 +64,7 @@ def _address(host: str, port: int) -> str:
 
 
 async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                            api_keys: Sequence[str] = (), served_model_name: str | None = None,
+                            api_keys: Sequence[str] | None = (), served_model_name: str | None = None,
                             max_model_len: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS_LIMIT,
                             default_include_stop_sequence: bool = True) -> GrpcServer:
     """Starts the gRPC front end on the running event loop and returns once it listens.
@@ -80,7 +80,8 @@ async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.
                          f"pass max_model_len <= {engine_max_len}")
     servicer = GenerationServicer(async_engine, max_model_len=max_model_len, max_new_tokens_limit=max_new_tokens,
                                   default_include_stop_sequence=default_include_stop_sequence)
-    interceptors = [ApiKeyInterceptor(api_keys)] if any(api_keys) else []
+    api_keys = [key for key in (api_keys or ()) if key]
+    interceptors = [ApiKeyInterceptor(api_keys)] if api_keys else []
     server = grpc.aio.server(interceptors=interceptors)
     pb_grpc.add_GenerationServiceServicer_to_server(servicer, server)
 
