@@ -94,9 +94,14 @@ def _add_error_handlers(app: FastAPI) -> None:
         return api_error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
         # Unknown routes (404), wrong methods (405): FastAPI's {"detail"} in OpenAI's shape.
-        return error_response(error.status_code, str(error.detail), headers=getattr(error, "headers", None))
+        message = str(error.detail)
+        if error.status_code in (404, 405):
+            message = (f"{request.method} {request.url.path}: {message.lower()}; the routes are /v1/completions, "
+                       "/v1/chat/completions, /v1/models, /tokenize, /detokenize (POST except /v1/models), "
+                       "/health, /metrics, /version")
+        return error_response(error.status_code, message, headers=getattr(error, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> Response:

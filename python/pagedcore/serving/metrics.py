@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pagedcore.outputs import RequestOutput
@@ -77,6 +77,7 @@ class _SnapshotCollector:
 
 class ServerMetrics:
     def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot | None], max_model_len: int):
+        disable_created_metrics()   # no *_created series: vLLM leaves them out too, they double the output
         self.registry = CollectorRegistry()
         self.registry.register(_SnapshotCollector(snapshot, model_name))
         labels = {"labelnames": ["model_name"], "registry": self.registry}

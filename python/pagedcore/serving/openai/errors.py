@@ -39,6 +39,8 @@ def from_value_error(error: ValueError, rename: dict[str, str] | None = None) ->
     if m:
         param = (rename or {}).get(m.group(1), m.group(1))
         message = param + message[m.end():]
+    # The rules are written for Python callers; a JSON client writes null, true and false.
+    message = re.sub(r"\bNone\b", "null", message).replace("True or False", "true or false")
     return APIError(400, message, param)
 
 

@@ -2,19 +2,25 @@
 
 Strict types: a string where a number belongs is a 400 naming the field, never silently coerced.
 Ranges are not checked here but by SamplingParams (one set of rules for every front end).
-Unknown fields are ignored with a warning, as vLLM does, so clients that send newer OpenAI fields
-keep working. Responses are plain dicts built beside their handlers (completions.py, chat.py).
+A null field means its default, as on api.openai.com (many clients send every field, unset ones as
+null). Unknown fields are ignored with a warning, as vLLM does, so clients that send newer OpenAI
+fields keep working. Responses are plain dicts built beside their handlers (completions.py, chat.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(_Body):
