@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from contextlib import aclosing
 
 import grpc
 
@@ -51,8 +52,11 @@ def rpc_errors(method):
         @functools.wraps(method)
         async def stream_wrapper(self, request, context):
             try:
-                async for message in method(self, request, context):
-                    yield message
+                # aclosing: if grpc drops this generator (client gone while a message was being
+                # written), the handler's own generator is closed now, not whenever GC gets to it.
+                async with aclosing(method(self, request, context)) as messages:
+                    async for message in messages:
+                        yield message
             except grpc.aio.AbortError:
                 raise
             except Exception as error:

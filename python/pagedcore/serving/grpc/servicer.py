@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
+from contextlib import aclosing
 
 from pagedcore.serving.async_engine import AsyncLLMEngine
 from pagedcore.serving.grpc import responses
@@ -19,8 +19,6 @@ from pagedcore.serving.grpc.params import (MAX_NEW_TOKENS_LIMIT, FittedPrompt, G
 from pagedcore.serving.grpc.streams import TIME_LIMIT, run_all, until_deadline
 from pagedcore.serving.grpc.stubs import generation_pb2 as pb
 from pagedcore.serving.grpc.stubs import generation_pb2_grpc as pb_grpc
-
-logger = logging.getLogger(__name__)
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -53,11 +51,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         # Without a time limit one final output is enough; with one, deltas keep what was generated in time.
         outputs = self.engine.generate(None, prompt.sampling_params, request_id, prompt_token_ids=prompt.token_ids,
                                        stream=plan.time_limit_s is not None)
-        async for output in until_deadline(outputs, self._deadline(plan, start)):
-            if output is TIME_LIMIT:
-                time_limited = True
-                break
-            progress.add(output)
+        async with aclosing(until_deadline(outputs, self._deadline(plan, start))) as timed_outputs:
+            async for output in timed_outputs:
+                if output is TIME_LIMIT:
+                    time_limited = True
+                    break
+                progress.add(output)
         return responses.generation_response(self.tokenizer, prompt, text, plan, progress, time_limited=time_limited)
 
     # -- GenerateStream ------------------------------------------------------------------------------
@@ -70,17 +69,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         outputs = self.engine.generate(None, prompt.sampling_params, uuid.uuid4().hex,
                                        prompt_token_ids=prompt.token_ids, stream=True)
         progress, sent_input = responses.Progress(), False
-        async for output in until_deadline(outputs, self._deadline(plan, start)):
-            if not sent_input:
-                # TGIS streams the input side first; prompt logprobs are complete with the first token.
-                prompt_logprobs = None if output is TIME_LIMIT else output.prompt_logprobs
-                yield responses.stream_input_message(self.tokenizer, prompt, text, plan, prompt_logprobs)
-                sent_input = True
-            if output is TIME_LIMIT:
-                yield responses.time_limit_message(progress)
-                return
-            delta = progress.add(output)
-            yield responses.stream_delta_message(self.tokenizer, prompt, plan, delta, progress)
+        async with aclosing(until_deadline(outputs, self._deadline(plan, start))) as timed_outputs:
+            async for output in timed_outputs:
+                if not sent_input:
+                    # TGIS streams the input side first; prompt logprobs are complete with the first token.
+                    prompt_logprobs = None if output is TIME_LIMIT else output.prompt_logprobs
+                    yield responses.stream_input_message(self.tokenizer, prompt, text, plan, prompt_logprobs)
+                    sent_input = True
+                if output is TIME_LIMIT:
+                    yield responses.time_limit_message(progress)
+                    return
+                delta = progress.add(output)
+                yield responses.stream_delta_message(self.tokenizer, prompt, plan, delta, progress)
 
     # -- Tokenize / ModelInfo ------------------------------------------------------------------------
     @rpc_errors
