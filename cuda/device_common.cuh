@@ -38,6 +38,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <typename Kernel>
 inline cudaError_t allow_shared_memory(Kernel, size_t) { return cudaSuccess; }
 inline int num_multiprocessors() { return 132; }  // an H200
+inline int compute_capability_major() { return 9; }
 inline cudaError_t last_launch_error() { return cudaSuccess; }
 #else
 // Kernels that use more than 48 KiB of dynamic shared memory must say so once per device.
@@ -54,6 +55,15 @@ inline int num_multiprocessors() {
     return 132;
   }
   return count;
+}
+inline int compute_capability_major() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major;
 }
 inline cudaError_t last_launch_error() { return cudaGetLastError(); }
 #endif

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -63,6 +64,7 @@ void warp_exchange(const void* value, void* out, size_t bytes, int src_lane);
 #define __launch_bounds__(...)
 #endif
 
+[[noreturn]] inline void __trap() { std::abort(); }
 inline void __syncthreads() { ::pagedcore::cuda::emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::pagedcore::cuda::emu::sync_warp(); }
 

@@ -78,7 +78,7 @@ int64_t plan_partition_size(int64_t work_items, int64_t max_seq_len, int num_sms
   return size;
 }
 
-Plan make_plan(const PagedAttentionParams& p, int num_sms) {
+Plan make_plan(const PagedAttentionParams& p, int num_sms, int cc_major) {
   Plan plan;
   AttentionArgs& a = plan.args;
   a.out = p.out;
@@ -130,7 +130,7 @@ Plan make_plan(const PagedAttentionParams& p, int num_sms) {
     }
   }
   if (plan.run_prefill) {
-    plan.tensor_cores = p.cache_dtype != DType::kFloat32 && p.tuning.prefill != 2;
+    plan.tensor_cores = p.cache_dtype != DType::kFloat32 && p.tuning.prefill != 2 && cc_major >= kMinTensorCoreMajor;
     const int rows = prefill_rows_per_cta(plan.tensor_cores);
     a.prefill_head_chunks = static_cast<int>(ceil_div(a.group, rows));
     a.prefill_heads_per_cta = static_cast<int>(ceil_div(a.group, a.prefill_head_chunks));
@@ -209,13 +209,13 @@ std::string check_paged_attention(const PagedAttentionParams& p) {
 
 int64_t paged_attention_workspace_bytes(const PagedAttentionParams& p) {
   if (!check_paged_attention(p).empty() || p.num_tokens == 0 || p.num_seqs == 0) return 0;
-  return attention::make_plan(p, num_multiprocessors()).workspace_bytes;
+  return attention::make_plan(p, num_multiprocessors(), compute_capability_major()).workspace_bytes;
 }
 
 cudaError_t paged_attention(const PagedAttentionParams& p) {
   if (!check_paged_attention(p).empty()) return cudaErrorInvalidValue;
   if (p.num_tokens == 0 || p.num_seqs == 0) return cudaSuccess;
-  attention::Plan plan = attention::make_plan(p, num_multiprocessors());
+  attention::Plan plan = attention::make_plan(p, num_multiprocessors(), compute_capability_major());
   if (plan.workspace_bytes > 0) {
     if (p.workspace == nullptr || p.workspace_bytes < plan.workspace_bytes) return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);

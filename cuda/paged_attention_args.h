@@ -64,7 +64,8 @@ cudaError_t launch_prefill_f16(const AttentionArgs& args, int head_size, bool te
 // Query rows (token x head pairs) of one prefill tile: 16 per warp, 4 warps on tensor cores, 2 on
 // CUDA cores (whose fp32 shared-memory tiles are twice as large).
 constexpr int prefill_rows_per_cta(bool tensor_cores) { return tensor_cores ? 64 : 32; }
-constexpr int kDecodeMaxGroup = 8;  // query heads one decode CTA holds in registers
+constexpr int kDecodeMaxGroup = 8;
+constexpr int kMinTensorCoreMajor = 8;  // compute capability for bf16 wmma; older GPUs take CUDA cores  // query heads one decode CTA holds in registers
 
 }  // namespace attention
 }  // namespace cuda

@@ -21,7 +21,7 @@ namespace cuda {
 // Which implementation runs what (tests and benchmarks pick; the defaults are the fast ones).
 struct AttentionTuning {
   int64_t partition_size = 0;  // decode: context tokens per CTA; 0 = planned from the batch and the SM count
-  int32_t prefill = 0;         // 0 = tensor cores for bf16/fp16 caches, 1 = tensor cores, 2 = CUDA cores
+  int32_t prefill = 0;         // 0, 1 = tensor cores for bf16/fp16 caches on sm_80+; 2 = CUDA cores
   int32_t decode = 0;          // 0 = the decode kernel for q_len == 1, 1 = the prefill (tile) kernel for all rows
 };
 

@@ -11,6 +11,14 @@
 #include "device_common.cuh"
 #include "paged_attention_args.h"
 
+// bf16 wmma needs sm_80: device code built for older targets (-DCMAKE_CUDA_ARCHITECTURES=75) gets
+// a tensor-core kernel that traps, and the host never launches it on such a GPU (make_plan).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define PAGEDCORE_WMMA 0
+#else
+#define PAGEDCORE_WMMA 1
+#endif
+
 namespace pagedcore {
 namespace cuda {
 namespace attention {
@@ -150,6 +158,8 @@ __global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::
     paged_prefill_kernel(const AttentionArgs a) {
   using C = TileConfig<cache_t, kHeadSize, kTensorCores>;
   using smem_t = typename C::smem_t;
+  constexpr bool kWmma = kTensorCores && PAGEDCORE_WMMA;
+  if constexpr (kTensorCores && !kWmma) __trap();
   const int tokens_per_cta = a.prefill_tokens_per_cta;
   const int x = blockIdx.x;
   int lo = 0, hi = a.num_seqs - 1;
@@ -219,9 +229,9 @@ __global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::
   float* o_row = o_tile + row_in_warp * C::kLdO;
   for (int d = half * (kHeadSize / 2); d < (half + 1) * (kHeadSize / 2); ++d) o_row[d] = 0.f;
 
-  QueryFragments<cache_t, kHeadSize, kTensorCores> q_frags;
+  QueryFragments<cache_t, kHeadSize, kWmma> q_frags;
   __syncthreads();
-  if constexpr (kTensorCores) q_frags.load(q_tile + warp * 16 * C::kLdKV, C::kLdKV);
+  if constexpr (kWmma) q_frags.load(q_tile + warp * 16 * C::kLdKV, C::kLdKV);
 
   const int32_t* block_row = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const cache_t* key_cache = static_cast<const cache_t*>(a.key_cache);
@@ -263,9 +273,9 @@ __global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::
     }
     __syncthreads();
 
-    if constexpr (kTensorCores) {
+    if constexpr (kWmma) {
       warp_scores_tc<C, cache_t, kHeadSize>(q_frags, k_tile, s_tile);
-    } else {
+    } else if constexpr (!kTensorCores) {
       warp_scores_simt<C, kHeadSize>(q_tile + warp * 16 * C::kLdKV, k_tile, s_tile, lane);
     }
     __syncwarp();
@@ -299,14 +309,14 @@ __global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::
     __syncwarp();
 
     // O = O * alpha + P V
-    if constexpr (kTensorCores) {
+    if constexpr (kWmma) {
       warp_values_tc<C, cache_t, kHeadSize>(p_tile, v_tile, s_tile);
       __syncwarp();
       const float* pv_row = s_tile + row_in_warp * C::kLdS;
       for (int d = half * (kHeadSize / 2); d < (half + 1) * (kHeadSize / 2); ++d) {
         o_row[d] = o_row[d] * alpha + pv_row[d];
       }
-    } else {
+    } else if constexpr (!kTensorCores) {
       const float* p_row = p_tile + row_in_warp * C::kLdP;
       for (int d = half * (kHeadSize / 2); d < (half + 1) * (kHeadSize / 2); d += 4) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

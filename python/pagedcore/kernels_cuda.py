@@ -1,0 +1,461 @@
+"""The paged KV-cache kernels on CUDA tensors, and the NCCL communicator for tensor parallelism.
+
+Same four functions, signatures and contract as pagedcore.kernels (the CPU kernels), for tensors on
+a CUDA device: each checks device, dtype, shape, strides and contiguity, raising TypeError or
+ValueError with the fix in the message, then hands data pointers, sizes, strides and the current CUDA
+stream to pagedcore._core (cuda/). Launches are asynchronous on torch.cuda.current_stream().
+
+KV cache layout (one tensor for the whole model), fp32, bf16 or fp16:
+    kv_cache  [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]
+    kv_cache[layer, 0] = key_cache, kv_cache[layer, 1] = value_cache, each
+              [num_blocks, num_kv_heads, block_size, head_size]
+Slot of the token at position p: block_table[p // block_size] * block_size + p % block_size.
+
+Index contents (slots, block ids, lengths) stay on the GPU and are not read back: a slot or block id
+outside the cache writes or reads nothing rather than faulting. Block mappings given on the CPU are
+checked (IndexError), as in pagedcore.kernels.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from pagedcore import _core
+except ImportError:  # the extension is not built
+    _core = None
+
+__all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks", "set_attention_tuning",
+           "is_available", "NcclCommunicator", "nccl_library_path"]
+
+PAD_SLOT = -1
+NULL_BLOCK = -1
+HEAD_SIZES = (64, 128, 256)
+MAX_BLOCK_SIZE = 256
+
+# dtype codes shared with cuda/cuda_types.h (DType); 0 and 1 are also the CPU kernels' codes.
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+HAS_CUDA_KERNELS = _core is not None and bool(getattr(_core, "has_cuda", False))
+
+
+def is_available() -> bool:
+    """True when the extension has the CUDA kernels and torch sees a GPU."""
+    return HAS_CUDA_KERNELS and torch.cuda.is_available()
+
+
+@dataclass
+class _Tuning:
+    partition_size: int = 0  # decode: context tokens per CTA; 0 = planned per call
+    prefill: str = "auto"  # "auto" | "tensor_cores" | "cuda_cores"
+    decode: str = "decode_kernel"  # "decode_kernel" | "tile_kernel"
+
+
+_PREFILL_CODE = {"auto": 0, "tensor_cores": 1, "cuda_cores": 2}
+_DECODE_CODE = {"decode_kernel": 0, "tile_kernel": 1}
+_tuning = _Tuning()
+
+
+def set_attention_tuning(partition_size: int = 0, prefill: str = "auto", decode: str = "decode_kernel") -> None:
+    """Picks paged_attention's implementations (tests, benchmarks); no arguments restores the defaults.
+
+    partition_size: decode rows split their context into partitions of this many tokens (0 = planned
+        from the batch and the GPU's SM count).
+    prefill: "auto" (tensor cores for bf16/fp16 caches), "tensor_cores" or "cuda_cores".
+    decode: "decode_kernel" (flash-decoding for q_len == 1) or "tile_kernel" (every row on the prefill kernel).
+    """
+    if partition_size < 0:
+        raise ValueError(f"partition_size must be >= 0 (0 = planned), got {partition_size}")
+    if prefill not in _PREFILL_CODE:
+        raise ValueError(f"prefill must be one of {sorted(_PREFILL_CODE)}, got {prefill!r}")
+    if decode not in _DECODE_CODE:
+        raise ValueError(f"decode must be one of {sorted(_DECODE_CODE)}, got {decode!r}")
+    global _tuning
+    _tuning = _Tuning(int(partition_size), prefill, decode)
+
+
+# ---- checks ----
+
+def _check_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _require_extension(op: str) -> None:
+    if _core is None:
+        raise RuntimeError(f"{op}: pagedcore._core is not built; run scripts/dev-build")
+    if not HAS_CUDA_KERNELS:
+        raise RuntimeError(f"{op}: pagedcore._core was built without CUDA (no CUDA toolkit was found at build "
+                           "time); rebuild with nvcc on the PATH (scripts/dev-build)")
+
+
+def _check_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one CUDA device; returns it."""
+    for name, t in tensors.items():
+        _check_tensor(t, name)
+    off = [f"{name} on {t.device}" for name, t in tensors.items() if t.device.type != "cuda"]
+    if off:
+        raise ValueError(f"{op}: the CUDA kernels take CUDA tensors; got {', '.join(off)}. Move them with "
+                         f".cuda(), or call pagedcore.kernels.{op} for CPU tensors")
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        raise ValueError(f"{op}: all tensors must be on one device; got "
+                         + ", ".join(f"{name} on {t.device}" for name, t in tensors.items()))
+    _require_extension(op)
+    return devices.pop()
+
+
+def _dtype_code(t: torch.Tensor, name: str) -> int:
+    code = _DTYPE_CODE.get(t.dtype)
+    if code is None:
+        raise TypeError(f"{name} has dtype {t.dtype}; the CUDA kernels take torch.float32, torch.bfloat16 or "
+                        f"torch.float16 (cast with {name}.to(torch.bfloat16))")
+    return code
+
+
+def _check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} (use {name}.to({dtype}))")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({length},)")
+    if length > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (call {name}.contiguous())")
+
+
+def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    if key_cache.dim() != 4:
+        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected 4 dims "
+                         "[num_blocks, num_kv_heads, block_size, head_size] (kv_cache[layer, 0])")
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"value_cache ({tuple(value_cache.shape)}, {value_cache.dtype}) must match "
+                         f"key_cache ({tuple(key_cache.shape)}, {key_cache.dtype})")
+    _dtype_code(key_cache, "key_cache")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous; pass kv_cache[layer, 0/1] of a contiguous "
+                             "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] tensor")
+
+
+def _check_rows(t: torch.Tensor, name: str, num_heads: int | None = None, head_size: int | None = None) -> None:
+    """A [num_tokens, num_heads, head_size] activation: any non-negative strides but a unit last one."""
+    if t.dim() != 3:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [num_tokens, num_heads, head_size]"
+                         " (view a flat projection with .view(num_tokens, num_heads, head_size))")
+    if num_heads is not None and t.shape[1] != num_heads:
+        raise ValueError(f"{name} has {t.shape[1]} heads (shape {tuple(t.shape)}); expected {num_heads}")
+    if head_size is not None and t.shape[2] != head_size:
+        raise ValueError(f"{name} has head_size {t.shape[2]} (shape {tuple(t.shape)}); expected {head_size}")
+    if (t.shape[2] > 1 and t.stride(2) != 1) or min(t.stride()) < 0:
+        raise ValueError(f"{name} must have a unit stride in its last dim and no negative strides "
+                         f"(strides {t.stride()}); call {name}.contiguous()")
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class _OnDevice:
+    """Makes `device` current for a launch when it is not already (the launch goes to the current device)."""
+
+    def __init__(self, device: torch.device):
+        self._guard = None if device.index == torch.cuda.current_device() else torch.cuda.device(device)
+
+    def __enter__(self):
+        if self._guard is not None:
+            self._guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
+
+
+# ---- the four kernels ----
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Writes each token's K/V into the cache at its slot; slot -1 (padding) writes nothing.
+
+    key, value:   [num_tokens, num_kv_heads, head_size] fp32/bf16/fp16, last stride 1, other strides any
+    key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; dtype may
+                  differ from key's (conversions round to nearest even, like .to())
+    slot_mapping: int64 [num_tokens] on the same device
+    """
+    device = _check_cuda("reshape_and_cache", key=key, value=value, key_cache=key_cache,
+                         value_cache=value_cache, slot_mapping=slot_mapping)
+    _check_cache_pair(key_cache, value_cache)
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    _check_rows(key, "key", num_kv_heads, head_size)
+    _check_rows(value, "value", num_kv_heads, head_size)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
+    if value.dtype != key.dtype:
+        raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
+    src_code = _dtype_code(key, "key")
+    _check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    if num_tokens == 0:
+        return
+    with _OnDevice(device):
+        _core.reshape_and_cache_cuda(
+            key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size, num_blocks, block_size,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            src_code, _DTYPE_CODE[key_cache.dtype], _stream(device))
+
+
+# Decode partials need device scratch: one growing buffer per (device, stream), reused across calls
+# (stream order makes the reuse safe). Warm up outside CUDA-graph capture with the largest batch.
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, stream: int, needed: int) -> torch.Tensor:
+    key = (device.index, stream)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < needed:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"paged_attention needs {needed} more bytes of workspace while a CUDA graph is "
+                               "being captured; run one eager call with the largest batch before capturing")
+        buf = torch.empty(max(needed, 1 << 20), dtype=torch.uint8, device=device)
+        _workspaces[key] = buf
+    return buf
+
+
+def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                    scale, max_query_len=None, max_seq_len=None) -> None:
+    """Causal attention of every query row over its sequence's cached K/V; writes `out` in place.
+
+    query, out:      [num_tokens, num_heads, head_size], same dtype (fp32/bf16/fp16), last stride 1
+    key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; head_size 64, 128
+                     or 256; block_size a power of two up to 256
+    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with -1
+    seq_lens:        int32 [num_seqs], cached tokens including this step's new ones
+    query_start_loc: int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
+    Row j of sequence s sits at position seq_lens[s] - q_len + j and sees positions [0, it].
+    max_query_len / max_seq_len: upper bounds known on the host (the scheduler has them); they size
+    the launch (without them it is planned from num_tokens and the block-table width). They must hold.
+    """
+    device = _check_cuda("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
+                         block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
+    _check_cache_pair(key_cache, value_cache)
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    _check_rows(query, "query", None, head_size)
+    num_tokens, num_heads, _ = query.shape
+    q_code = _dtype_code(query, "query")
+    if out.dtype != query.dtype:
+        raise TypeError(f"out is {out.dtype} but query is {query.dtype}; allocate out with "
+                        "torch.empty_like(query)")
+    _check_rows(out, "out", num_heads, head_size)
+    if out.shape[0] != num_tokens:
+        raise ValueError(f"out has shape {tuple(out.shape)}; expected {tuple(query.shape)} like query")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads} kv heads")
+    if head_size not in HEAD_SIZES:
+        raise ValueError(f"head_size {head_size} is not supported by the CUDA kernels (they take {HEAD_SIZES}); "
+                         "run this model's attention with pagedcore.kernels on the CPU")
+    if block_size & (block_size - 1) or block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size {block_size} is not supported by the CUDA kernels: use a power of two "
+                         f"up to {MAX_BLOCK_SIZE} (--block-size 16)")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start on a 16-byte boundary; slice it from a freshly allocated "
+                             "kv_cache tensor")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables has dtype {block_tables.dtype}; expected torch.int32 "
+                        "(use block_tables.to(torch.int32))")
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected "
+                         "[num_seqs, max_blocks_per_seq]")
+    if not block_tables.is_contiguous():
+        raise ValueError("block_tables must be contiguous (call block_tables.contiguous())")
+    num_seqs, max_blocks_per_seq = block_tables.shape
+    _check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
+    _check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
+    scale = float(scale)
+    if max_query_len is not None and max_query_len < 0 or max_seq_len is not None and max_seq_len < 0:
+        raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    stream = _stream(device)
+    args = [out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
+            num_seqs, num_tokens, num_heads, num_kv_heads, head_size, num_blocks, block_size,
+            max_blocks_per_seq, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            q_code, _DTYPE_CODE[key_cache.dtype], scale,
+            -1 if max_query_len is None else int(max_query_len),
+            -1 if max_seq_len is None else int(max_seq_len)]
+    tuning = (_tuning.partition_size, _PREFILL_CODE[_tuning.prefill], _DECODE_CODE[_tuning.decode])
+    buf = _workspaces.get((device.index, stream))
+    with _OnDevice(device):
+        needed = _core.paged_attention_cuda(*args, 0 if buf is None else buf.data_ptr(),
+                                            0 if buf is None else buf.numel(), stream, *tuning)
+        if needed:
+            buf = _workspace(device, stream, needed)
+            _core.paged_attention_cuda(*args, buf.data_ptr(), buf.numel(), stream, *tuning)
+
+
+def _check_kv_cache(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 6:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected "
+                         "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]")
+    if t.shape[1] != 2:
+        raise ValueError(f"{name} has {t.shape[1]} in dim 1; expected 2 (key, value)")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
+    _dtype_code(t, name)
+
+
+def _check_block_mapping(block_mapping) -> None:
+    _check_tensor(block_mapping, "block_mapping")
+    if block_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_mapping has dtype {block_mapping.dtype}; expected torch.int32")
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
+                         "rows of (src, dst)")
+
+
+def copy_blocks(kv_cache, block_mapping) -> None:
+    """Copies every layer's K and V block src -> dst for each (src, dst) row, in row order.
+
+    kv_cache: [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size], contiguous, on CUDA
+    block_mapping: int32 [n, 2] on the CPU (ids checked; rows that depend on earlier rows are ordered)
+        or on kv_cache's device (no host round trip; the rows must then be independent, as
+        copy-on-write lists are: distinct destinations that no other row reads)
+    """
+    _check_tensor(block_mapping, "block_mapping")
+    device = _check_cuda("copy_blocks", kv_cache=kv_cache)
+    _check_kv_cache(kv_cache, "kv_cache")
+    _check_block_mapping(block_mapping)
+    if block_mapping.shape[0] == 0:
+        return
+    num_layers, _, num_blocks = kv_cache.shape[:3]
+    block_bytes = kv_cache[0, 0, 0].numel() * kv_cache.element_size()
+    if block_mapping.device.type == "cpu":
+        host = block_mapping.to(torch.int32).contiguous()
+        rows = host.to(device)
+        host_ptr = host.data_ptr()
+    elif block_mapping.device == device:
+        rows = block_mapping.to(torch.int32).contiguous()
+        host, host_ptr = None, 0
+    else:
+        raise ValueError(f"block_mapping is on {block_mapping.device}; pass it on the CPU or on {device}")
+    with _OnDevice(device):
+        _core.copy_blocks_cuda(kv_cache.data_ptr(), rows.data_ptr(), host_ptr, block_mapping.shape[0],
+                               num_layers * 2, num_blocks, block_bytes, _stream(device))
+    del host
+
+
+def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
+    """Copies every layer's K and V block from one cache to another (GPU <-> CPU pool).
+
+    src_kv_cache, dst_kv_cache: same layout and dtype, num_blocks may differ; at least one on CUDA,
+        the other on the same device or in CPU memory (pinned, pin_memory=True, for an asynchronous
+        copy at full speed; pageable memory works and returns only once the copy is done)
+    block_mapping: int32 [n, 2] rows (src block in src_kv_cache, dst block in dst_kv_cache); ids checked
+    The copy runs on the current stream of the CUDA side: synchronise it before reading a pinned
+    destination on the CPU.
+    """
+    for name, t in (("src_kv_cache", src_kv_cache), ("dst_kv_cache", dst_kv_cache)):
+        _check_tensor(t, name)
+    _check_block_mapping(block_mapping)
+    cuda_sides = [t.device for t in (src_kv_cache, dst_kv_cache) if t.device.type == "cuda"]
+    if not cuda_sides:
+        raise ValueError("swap_blocks: neither cache is on CUDA; call pagedcore.kernels.swap_blocks for two CPU "
+                         "caches")
+    device = cuda_sides[0]
+    for name, t in (("src_kv_cache", src_kv_cache), ("dst_kv_cache", dst_kv_cache)):
+        if t.device.type not in ("cpu", "cuda") or (t.device.type == "cuda" and t.device != device):
+            raise ValueError(f"swap_blocks: {name} is on {t.device}; one cache goes on {device}, the other on "
+                             "the same device or the CPU")
+    _require_extension("swap_blocks")
+    _check_kv_cache(src_kv_cache, "src_kv_cache")
+    _check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    if src_kv_cache.dtype != dst_kv_cache.dtype:
+        raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
+                        "both caches must have the same dtype")
+    src_shape, dst_shape = tuple(src_kv_cache.shape), tuple(dst_kv_cache.shape)
+    if src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
+        raise ValueError(f"src_kv_cache {src_shape} and dst_kv_cache {dst_shape} may differ only in "
+                         "num_blocks (dim 2)")
+    if src_kv_cache.data_ptr() == dst_kv_cache.data_ptr():
+        raise ValueError("swap_blocks got the same cache twice; use copy_blocks within one cache")
+    if block_mapping.shape[0] == 0:
+        return
+    rows = block_mapping.to(device="cpu", dtype=torch.int32).contiguous()
+    block_bytes = src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size()
+    with _OnDevice(device):
+        _core.swap_blocks_cuda(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), rows.data_ptr(), rows.shape[0],
+                               src_shape[0] * 2, src_shape[2], dst_shape[2], block_bytes, _stream(device))
+
+
+# ---- NCCL ----
+
+def nccl_library_path() -> str:
+    """Where libnccl.so.2 is: $PAGEDCORE_NCCL_LIBRARY, else the pip package nvidia-nccl-cu13 (or -cu12),
+    else "" (the dynamic loader's own search path)."""
+    env = os.environ.get("PAGEDCORE_NCCL_LIBRARY")
+    if env:
+        return env
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for pattern in ("nccl/lib/libnccl.so.2", "*/lib/libnccl.so.2", "**/libnccl.so.2"):
+            found = sorted(glob.glob(os.path.join(root, pattern), recursive=True))
+            if found:
+                return found[0]
+    return ""
+
+
+class NcclCommunicator:
+    """One rank of a tensor-parallel group: in-place sum all-reduce of CUDA tensors on the current stream.
+
+        uid = NcclCommunicator.get_unique_id()          # rank 0; send the bytes to the other ranks
+        comm = NcclCommunicator(world_size, rank, uid, device=torch.device("cuda", rank))
+        comm.all_reduce(hidden)                          # hidden += the other ranks' hidden
+    """
+
+    @staticmethod
+    def get_unique_id() -> bytes:
+        _require_extension("NcclCommunicator.get_unique_id")
+        return _core.NcclCommunicator.get_unique_id(nccl_library_path())
+
+    def __init__(self, world_size: int, rank: int, unique_id: bytes, device=None):
+        _require_extension("NcclCommunicator")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"NcclCommunicator needs a CUDA device, got {device}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self._comm = _core.NcclCommunicator(world_size, rank, unique_id, device.index, nccl_library_path())
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.world_size
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    def all_reduce(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Sums `tensor` over the ranks into `out` (default: in place); returns the result tensor."""
+        out = tensor if out is None else out
+        _check_cuda("all_reduce", tensor=tensor, out=out)
+        if tensor.device != self.device:
+            raise ValueError(f"all_reduce: tensor is on {tensor.device} but this rank's device is {self.device}")
+        code = _dtype_code(tensor, "tensor")
+        if out.dtype != tensor.dtype or out.shape != tensor.shape:
+            raise ValueError(f"all_reduce: out ({tuple(out.shape)}, {out.dtype}) must match tensor "
+                             f"({tuple(tensor.shape)}, {tensor.dtype})")
+        if not (tensor.is_contiguous() and out.is_contiguous()):
+            raise ValueError("all_reduce: tensor and out must be contiguous (call .contiguous())")
+        if tensor.numel():
+            self._comm.all_reduce(tensor.data_ptr(), out.data_ptr(), tensor.numel(), code, _stream(self.device))
+        return out
+
+    def destroy(self) -> None:
+        self._comm.destroy()
