@@ -26,8 +26,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         description="Serve one model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
                     "/v1/models, /tokenize, /detokenize, /health, /metrics, /version) and the TGIS gRPC protocol "
                     "(fmaas.GenerationService), from one process and one engine. SIGTERM or Ctrl-C drains: "
-                    "requests in flight finish, new ones get 503, then the server exits 0.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "requests in flight finish, new ones get 503, then the server exits 0.")
     p.add_argument("model", nargs="?", default=None,
                    help="HF folder or .gguf file; leave out for the bundled SmolLM2-135M-Instruct")
     p.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
@@ -35,9 +34,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (HTTP and gRPC); 0.0.0.0 or :: to accept other machines")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port of the OpenAI-compatible API")
-    g.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC (TGIS) port; 0 turns gRPC off")
+                   help="address to listen on, HTTP and gRPC (default 127.0.0.1: this machine only; 0.0.0.0 or :: for others)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port of the OpenAI-compatible API (default 8000)")
+    g.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC (TGIS) port (default 8033); 0 turns gRPC off")
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients send in 'model'; the first is reported in responses "
                         "(default: the model argument, or the bundled model's file name)")
@@ -49,15 +48,17 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="chat template for /v1/chat/completions: a file, or the Jinja text itself "
                         "(default: the model's own)")
     g.add_argument("--max-queued-requests", type=int, default=1024,
-                   help="most requests waiting for a place in the batch; past it new requests get 429 "
-                        "(gRPC: RESOURCE_EXHAUSTED)")
+                   help="most requests waiting for a place in the batch (default 1024); past it new requests "
+                        "get 429 (gRPC: RESOURCE_EXHAUSTED)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds that requests in flight get to finish after SIGTERM/SIGINT before they are aborted")
+                   help="seconds that requests in flight get to finish after SIGTERM/SIGINT before they are aborted "
+                        "(default 30)")
     g.add_argument("--max-request-body-bytes", type=_byte_size, default=DEFAULT_MAX_BODY, metavar="BYTES",
-                   help="largest HTTP request body accepted (bytes or a size like 8MiB); larger gets 413")
+                   help="largest HTTP request body accepted, in bytes or a size like 8MiB (default 4MiB); larger "
+                        "gets 413")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
-                   help="log level of the HTTP server (info logs every request)")
+                   help="log level of the HTTP server (default info, which logs every request)")
     g.add_argument("--enable-trace", action="store_true",
                    help="record the engine's per-step trace (for the live simulator page)")
     p.set_defaults(func=cmd_serve)

@@ -3,7 +3,7 @@
 Life of the process:
     bind HTTP ─▶ HTTP up (/health 503 "loading") ─▶ load model (thread) ─▶ engine thread + gRPC ─▶ ready
     SIGTERM / SIGINT ─▶ drain: /health 503, new requests 503 / UNAVAILABLE, in-flight requests finish
-    (at most --shutdown-timeout s, then aborted) ─▶ listeners close ─▶ exit 0.  A second signal exits at once.
+    (at most --shutdown-timeout s, then aborted) ─▶ listeners close ─▶ exit 0.  A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ class _Uvicorn(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:   # runs in the main thread, which runs the loop
         if self._signalled:
-            logger.warning("second %s: exiting now without draining", signal.Signals(sig).name)
-            os._exit(1)
+            # A second Ctrl-C means "now". A repeated SIGTERM does not: supervisors and `timeout`
+            # wrappers often send one to the process and one to its group.
+            if sig == signal.SIGINT:
+                logger.warning("second SIGINT: exiting now without draining")
+                os._exit(1)
+            logger.info("%s received again: still draining", signal.Signals(sig).name)
+            return
         self._signalled = True
         self._on_signal(sig)
 
@@ -68,7 +73,7 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
     stop = asyncio.Event()
 
     def on_signal(sig: int) -> None:
-        logger.info("%s received: draining (up to %.0f s for requests in flight; repeat the signal to exit now)",
+        logger.info("%s received: draining (up to %.0f s for requests in flight; Ctrl-C again to exit now)",
                     signal.Signals(sig).name, args.shutdown_timeout)
         loop.call_soon_threadsafe(stop.set)
 
