@@ -4,6 +4,8 @@ Each function checks its arguments (dtype, shape, device, strides) and raises Ty
 with the fix in the message, then hands data pointers, sizes and strides to the C++ kernels in
 pagedcore._core (cpp/kernels/). Index contents (slots, block ids, sequence lengths) are checked in
 C++ before anything is written, which is cheaper than reading them back through torch here.
+Calls with CUDA tensors go to pagedcore.kernels_cuda (same signatures) when the extension has the
+CUDA kernels and a GPU is visible; otherwise they raise NotImplementedError.
 
 KV cache layout (one tensor for the whole model):
     kv_cache  [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]
@@ -61,6 +63,16 @@ def _check_cpu(op: str, **tensors: torch.Tensor) -> None:
                                   + ". Run on CPU tensors for now.")
     raise ValueError(f"{op}: all tensors must be on the CPU; got "
                      + ", ".join(f"{n} on {t.device}" for n, t in tensors.items()))
+
+
+def _cuda_kernels(*tensors):
+    """pagedcore.kernels_cuda when a tensor is on a CUDA device and those kernels are built and a GPU
+    is visible; None otherwise (then _check_cpu explains what is wrong)."""
+    if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+        return None
+    from pagedcore import kernels_cuda  # imported on first use: CPU-only processes never load it
+
+    return kernels_cuda if kernels_cuda.is_available() else None
 
 
 def _check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
@@ -127,6 +139,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     except (AttributeError, TypeError, IndexError):
         ok = False
     if not ok:
+        cuda = _cuda_kernels(key, value, key_cache, value_cache, slot_mapping)
+        if cuda is not None:
+            return cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
         _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     num_tokens = kshape[0]
     if num_tokens == 0:
@@ -191,6 +206,10 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     except (AttributeError, TypeError, IndexError):
         ok = False
     if not ok:
+        cuda = _cuda_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+        if cuda is not None:
+            return cuda.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                        query_start_loc, scale, max_query_len, max_seq_len)
         _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     scale = float(scale)
     max_query_len = -1 if max_query_len is None else int(max_query_len)
@@ -274,6 +293,9 @@ def copy_blocks(kv_cache, block_mapping) -> None:
     kv_cache: [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size], contiguous
     block_mapping: int32 [n, 2]
     """
+    cuda = _cuda_kernels(kv_cache)
+    if cuda is not None:
+        return cuda.copy_blocks(kv_cache, block_mapping)
     _check_cpu("copy_blocks", kv_cache=kv_cache, block_mapping=block_mapping)
     _check_kv_cache(kv_cache, "kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
@@ -296,6 +318,9 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     src_kv_cache, dst_kv_cache: same layout and dtype, num_blocks may differ
     block_mapping: int32 [n, 2] rows (src block in src_kv_cache, dst block in dst_kv_cache)
     """
+    cuda = _cuda_kernels(src_kv_cache, dst_kv_cache)
+    if cuda is not None:  # GPU <-> CPU pool, or within one GPU
+        return cuda.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
     _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
                block_mapping=block_mapping)
     _check_kv_cache(src_kv_cache, "src_kv_cache")

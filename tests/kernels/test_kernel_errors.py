@@ -125,3 +125,30 @@ def test_copy_and_swap_misuse():
         kernels.swap_blocks(kv, kv, torch.tensor([[0, 1]], dtype=torch.int32))
     with pytest.raises(IndexError, match="outside"):
         kernels.swap_blocks(kv, torch.zeros(2, 2, 9, 1, 16, 8), torch.tensor([[4, 0]], dtype=torch.int32))
+
+
+def test_cuda_tensors_are_forwarded_to_kernels_cuda_when_available(monkeypatch):
+    from pagedcore import kernels_cuda
+
+    class GpuTensor(torch.Tensor):  # a CPU tensor that says it lives on a GPU
+        @property
+        def is_cpu(self):
+            return False
+
+        @property
+        def is_cuda(self):
+            return True
+
+    calls = []
+    monkeypatch.setattr(kernels_cuda, "is_available", lambda: True)
+    for op in ("paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks"):
+        monkeypatch.setattr(kernels_cuda, op, lambda *a, _op=op: calls.append((_op, len(a))))
+    a = attention_args()
+    a["query"] = a["query"].as_subclass(GpuTensor)
+    kernels.paged_attention(a.pop("out"), a.pop("query"), **a)
+    key = torch.randn(3, 2, 64).as_subclass(GpuTensor)
+    kernels.reshape_and_cache(key, key, torch.zeros(4, 2, 16, 64), torch.zeros(4, 2, 16, 64), torch.tensor([0, 1, 2]))
+    kv = torch.zeros(2, 2, 4, 1, 16, 8).as_subclass(GpuTensor)
+    kernels.copy_blocks(kv, torch.tensor([[0, 1]], dtype=torch.int32))
+    kernels.swap_blocks(kv, torch.zeros(2, 2, 4, 1, 16, 8), torch.tensor([[0, 1]], dtype=torch.int32))
+    assert calls == [("paged_attention", 10), ("reshape_and_cache", 5), ("copy_blocks", 2), ("swap_blocks", 3)]
