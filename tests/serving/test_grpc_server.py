@@ -127,8 +127,16 @@ def wait_idle(async_engine, timeout=20.0):
 
 
 # -- generation -------------------------------------------------------------------------------------
-def test_generate_batch_matches_offline_greedy(stub, references, llm):
-    reply = stub.Generate(batch(PROMPTS + [EOS_PROMPT], greedy()), timeout=120)
+def test_generate_batch_matches_offline_greedy(stub, references, llm, async_engine):
+    steps = []
+    count_steps = lambda outputs, timing: timing is not None and steps.append(1)  # noqa: E731
+    async_engine.step_hooks.append(count_steps)   # called on the engine thread after every step
+    try:
+        reply = stub.Generate(batch(PROMPTS + [EOS_PROMPT], greedy()), timeout=120)
+    finally:
+        async_engine.step_hooks.remove(count_steps)
+    # One continuous batch: the three prompts share their steps (one after another: 3x as many).
+    assert len(steps) <= NUM_TOKENS + 1
     assert len(reply.responses) == 3
     tokenizer = llm.get_tokenizer()
     for text, response, reference in zip(PROMPTS + [EOS_PROMPT], reply.responses, references):
