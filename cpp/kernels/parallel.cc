@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
 #include <link.h>
+#include <pthread.h>
 #include <sched.h>
 
 #ifdef PAGEDCORE_KERNELS_OPENMP
@@ -123,9 +125,25 @@ class ThreadPool {
   std::atomic<int> pending_{0};
 };
 
+// Leaked on purpose: joining threads from a static destructor at interpreter exit can deadlock.
+// A forked child has none of the parent's workers: it drops (leaks) the pool and builds its own.
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::mutex g_pool_mu;
+
 ThreadPool& pool() {
-  // Leaked on purpose: joining threads from a static destructor at interpreter exit can deadlock.
-  static ThreadPool* p = new ThreadPool(affinity_cpus());
+  ThreadPool* p = g_pool.load(std::memory_order_acquire);
+  if (p) return *p;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  p = g_pool.load(std::memory_order_relaxed);
+  if (!p) {
+    p = new ThreadPool(affinity_cpus());
+    g_pool.store(p, std::memory_order_release);
+    static const int registered = pthread_atfork(nullptr, nullptr, [] {
+      g_pool.store(nullptr);
+      new (&g_pool_mu) std::mutex();  // the parent's lock state is meaningless in the child
+    });
+    (void)registered;
+  }
   return *p;
 }
 

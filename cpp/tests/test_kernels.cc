@@ -9,6 +9,9 @@
 #include <random>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "kernels/cache_kernels.h"
 #include "kernels/paged_attention.h"
@@ -273,6 +276,27 @@ TEST(copy_blocks_keeps_row_order_for_chains) {
   p.block_mapping = bad.data();
   p.num_pairs = 1;
   CHECK_EQ(copy_blocks(p).code, Status::kOutOfRange);
+}
+
+TEST(pool_survives_fork) {
+  // A forked child must not wait for the parent's pool workers (they do not exist there).
+  set_active_threading(Threading::kPool);
+  const Batch b = make_batch({{300, 1}, {40, 9}}, 4, 2, 64, 16, 10);
+  check_all_isas(b);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(20);  // a hang fails the test instead of blocking CTest
+    try {
+      check_all_isas(b);
+    } catch (...) {
+      _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  set_active_threading(openmp_available() ? Threading::kOpenMP : Threading::kPool);
 }
 
 int main() { return pagedcore_test::run_all(); }
