@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as T
 
 from pagedcore.loader import load_model
 from pagedcore.loader.gguf_file import GGUFFile
-from pagedcore.loader.tokenizer import _tokenizer_via_auto, tokenizer_from_gguf
+from pagedcore.loader.tokenizer import (_tokenizer_config, byte_level_backend, converted_backend,
+                                       tokenizer_from_gguf, tokenizer_via_auto)
 
 from . import tiny_gguf
 from ..models import tiny_models
@@ -36,11 +37,11 @@ def hf_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def assert_same_tokenizer(ours, reference):
+def assert_same_tokenizer(ours, reference, same_length=True):
     from transformers import PreTrainedTokenizerFast
 
     assert isinstance(ours, PreTrainedTokenizerFast)
-    assert len(ours) == len(reference)
+    assert len(ours) == len(reference) or not same_length
     for text in TEXTS:
         ids = ours(text).input_ids
         assert ids == reference(text).input_ids, text
@@ -65,21 +66,55 @@ def test_default_model_tokenizer_equals_transformers():
 
 
 @needs_default_model
+def test_byte_level_route_builds_transformers_tokenizer_exactly():
+    """Route 1 (our own build) against transformers' GGUF tokenizer: the same backend JSON (model,
+    pre-tokenizer, decoder, post-processor, added tokens), so the same tokenizer."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+
+    path = load_model(load_tokenizer=False).source.path
+    metadata = GGUFFile(path).metadata
+    ours = json.loads(tokenizer_from_gguf(path, metadata).backend_tokenizer.to_str())
+    assert ours == json.loads(hf_tokenizer(path).backend_tokenizer.to_str())
+    # route 2, transformers' converter on our metadata, wraps to the same thing
+    converted = PreTrainedTokenizerFast(tokenizer_object=converted_backend(path, metadata),
+                                        **_tokenizer_config(metadata))
+    assert ours == json.loads(converted.backend_tokenizer.to_str())
+    assert byte_level_backend(metadata).get_vocab_size() == 49152
+
+
+@needs_default_model
 def test_fallback_route_gives_the_same_tokenizer():
     """The AutoTokenizer route, taken if transformers moves its GGUF converter."""
     loaded = load_model(load_tokenizer=False)
     assert loaded.tokenizer is None
     path = loaded.source.path
     fast = tokenizer_from_gguf(path, GGUFFile(path).metadata)
-    assert_same_tokenizer(fast, _tokenizer_via_auto(path))
+    assert_same_tokenizer(fast, tokenizer_via_auto(path))
+
+
+@needs_default_model
+def test_default_model_tokenizer_does_not_import_all_of_transformers():
+    """transformers.models costs ~1 s to import; the default model's tokenizer must not need it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pagedcore.loader import load_model; load_model(); "
+            "assert 'transformers.models' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_tiny_gguf_tokenizer_equals_transformers(tmp_path):
     path = tiny_gguf.write_gguf(tiny_models.build_hf_model("llama_tied"), tmp_path / "tiny.gguf", T.Q8_0,
                                 "llama", tokenizer=tiny_models.make_tokenizer())
     loaded = load_model(path)
-    rendered = assert_same_tokenizer(loaded.tokenizer, hf_tokenizer(path))
+    reference = hf_tokenizer(path)
+    rendered = assert_same_tokenizer(loaded.tokenizer, reference, same_length=False)
     assert rendered == "<s>Be brief.</s><s>Où est Paris ?</s>"
+    # transformers adds GPT-2's <|endoftext|> past the model's 512 ids; we keep to the file's tokens
+    assert len(reference) == 513 and len(loaded.tokenizer) == 512 == loaded.config.vocab_size
+    assert max(loaded.tokenizer("<|endoftext|> hi").input_ids) < loaded.config.vocab_size
 
 
 def test_sentencepiece_gguf_tokenizer_equals_transformers(tmp_path):
