@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from pagedcore.engine.llm_engine import LLMEngine
-from pagedcore.outputs import CompletionOutput, RequestOutput
+from pagedcore.outputs import RequestOutput
 from pagedcore.sampling_params import SamplingParams
+from pagedcore.serving.request_stream import OutputQueue, RequestStream
 
 logger = logging.getLogger(__name__)
 
@@ -50,26 +51,12 @@ class _Add:
     prompt_token_ids: list[int] | None
     params: SamplingParams
     priority: int
-    stream: _Stream
+    stream: OutputQueue
 
 
 @dataclass
 class _Abort:
     request_id: str
-
-
-class _Stream:
-    """One request's outputs, handed from the engine thread to the handler's event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the handler's loop is closed: nobody is listening any more
-            pass
 
 
 @dataclass
@@ -86,85 +73,6 @@ class EngineSnapshot:
     num_steps: int = 0
 
 
-class _Accumulator:
-    """Folds a request's delta outputs into one cumulative output (non-streaming callers)."""
-
-    def __init__(self):
-        self.completions: dict[int, CompletionOutput] = {}
-        self.prompt_logprobs = None
-
-    def add(self, delta: RequestOutput) -> RequestOutput:
-        for c in delta.outputs:
-            acc = self.completions.get(c.index)
-            if acc is None:
-                self.completions[c.index] = CompletionOutput(
-                    c.index, c.text, list(c.token_ids), c.cumulative_logprob,
-                    None if c.logprobs is None else list(c.logprobs), c.finish_reason, c.stop_reason)
-                continue
-            acc.text += c.text
-            acc.token_ids.extend(c.token_ids)
-            if c.logprobs is not None:
-                acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
-            acc.cumulative_logprob = c.cumulative_logprob
-            acc.finish_reason, acc.stop_reason = c.finish_reason, c.stop_reason
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs = delta.prompt_logprobs
-        return RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, self.prompt_logprobs,
-                             [self.completions[i] for i in sorted(self.completions)], delta.finished,
-                             delta.metrics)
-
-
-class RequestStream:
-    """One request's outputs as an async iterator: deltas, or (stream=False) one final output.
-
-    Use it as `async with engine.add_request(...) as outputs: async for out in outputs: ...`:
-    leaving early (client gone, deadline passed, cancelled) aborts the request and frees its blocks.
-    An error of this request alone (the engine refused it, or a step failed) is raised from the
-    iteration.
-    """
-
-    def __init__(self, engine: AsyncLLMEngine, request_id: str, stream: _Stream, incremental: bool):
-        self.request_id = request_id
-        self._engine = engine
-        self._stream = stream
-        self._accumulator = None if incremental else _Accumulator()
-        self._done = False       # final output or error delivered: nothing left to abort
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        while not self._done:
-            item = await self._stream.queue.get()
-            if isinstance(item, BaseException):
-                self._finish()
-                raise item
-            if item.finished:
-                self._finish()
-            if self._accumulator is None:
-                return item
-            merged = self._accumulator.add(item)
-            if item.finished:
-                return merged
-        raise StopAsyncIteration
-
-    def _finish(self) -> None:
-        self._done = True
-        self._engine._release(self.request_id)
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._engine._send(_Abort(self.request_id))   # the caller left: free the blocks at once
-            self._engine._release(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
-
-
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None):
         self.engine = engine
@@ -173,7 +81,7 @@ class AsyncLLMEngine:
         self.step_hooks: list[StepHook] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OutputQueue] = {}
         self._num_pending_adds = 0      # sent but not yet in a published snapshot's num_waiting
         self._lock = threading.Lock()   # guards _streams and _num_pending_adds across threads
         self._accepting = True
@@ -203,7 +111,7 @@ class AsyncLLMEngine:
             raise EngineDrainingError("the server is shutting down and accepts no new requests; "
                                       "retry against another replica")
         request_id = request_id or uuid.uuid4().hex
-        s = _Stream(asyncio.get_running_loop())
+        s = OutputQueue(asyncio.get_running_loop())
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in flight")
@@ -217,7 +125,8 @@ class AsyncLLMEngine:
         # and a non-streaming caller's RequestStream folds the deltas into one output.
         self._send(_Add(request_id, prompt, None if prompt_token_ids is None else list(prompt_token_ids),
                         params or SamplingParams(), priority, s))
-        return RequestStream(self, request_id, s, incremental=stream)
+        return RequestStream(request_id, s, incremental=stream, abort=lambda: self._send(_Abort(request_id)),
+                             release=lambda: self._release(request_id))
 
     async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
                        request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
@@ -287,10 +196,12 @@ class AsyncLLMEngine:
                     logger.exception("engine step failed; failing the requests in flight")
                     self._fail_all(e)
                     continue
-                for output in outputs:
-                    self._deliver(output)
+                # Snapshot and metrics first: a client that has just seen its token and then reads
+                # /metrics must find this step counted.
                 self._publish()
                 self._call_hooks(outputs, engine.last_step_timing)
+                for output in outputs:
+                    self._deliver(output)
             self._drain_inbox()
             for request_id in list(engine.requests):
                 self._abort(request_id)
@@ -319,8 +230,8 @@ class AsyncLLMEngine:
     def _abort(self, request_id: str) -> None:
         output = self.engine.abort_request(request_id)
         if output is not None:
-            self._deliver(output)        # a server-side abort (shutdown) ends the stream; a client
-            self._call_hooks([output], None)  # abort finds no stream left
+            self._call_hooks([output], None)
+            self._deliver(output)   # a server-side abort (shutdown) ends the stream; a client's finds none
 
     def _drain_inbox(self) -> None:
         num_adds = num_commands = 0

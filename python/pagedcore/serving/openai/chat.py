@@ -15,7 +15,7 @@ from pagedcore.serving.openai.errors import APIError, bad_request, engine_error,
 from pagedcore.serving.openai.logprobs import chat_logprobs
 from pagedcore.serving.openai.params import sampling_params
 from pagedcore.serving.openai.protocol import ChatCompletionRequest
-from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, close_all, collect, sse,
+from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, collect, sse,
                                                 until_disconnected)
 from pagedcore.serving.openai.usage import Usage, usage_of
 from pagedcore.serving.state import ServerState
