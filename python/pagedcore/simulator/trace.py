@@ -1,0 +1,266 @@
+"""StepTracer: one JSON-able record per engine step, built from the C++ scheduler's trace events.
+
+    schedule() events ─┐                       ┌─▶ record: what happened (scheduled tokens, blocks
+    block_tables ──────┼─▶ StepTracer.on_step ─┤     allocated/freed/shared/copied/swapped, hits,
+    update() events ───┤   (KVState mirror)    │     evictions, preemptions, finished with TTFT/TPOT)
+    timing (listener) ─┘                       └─▶ record: what the state is now (changed blocks,
+                                                     tables, queues), absolute values (kv_state.py)
+Engine-agnostic: the live engine (recorder.py) and the model-free simulation both feed it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pagedcore.simulator.kv_state import (FINISH_REASONS, NO_OWNER, PREEMPTION_MODES, QUEUES, SEQ_STATUS,
+                                          KVState, new_seq)
+
+# pagedcore._core.TraceEventType values (cpp/core/step_trace.h says what a and b hold)
+ALLOCATE, FREE, PREFIX_HIT, COPY_ON_WRITE, SWAP_OUT, SWAP_IN, EVICT, PREEMPT, QUEUE_MOVE, FINISH, REJECT, \
+    SCHEDULE, FORK, CACHE_REGISTER = range(14)
+PREFILL, DECODE, RECOMPUTE = 0, 1, 2          # kinds of a scheduled chunk
+EVENT_LISTS = ("allocated", "freed", "prefix_hits", "cow", "swapped_out", "swapped_in", "evicted",
+               "registered", "forks", "rejected")
+
+# seq_id -> (request_id, arrival time on the tracer's clock), or None when unknown.
+Resolver = Callable[[int], "tuple[str, float] | None"]
+
+
+def scheduler_config_dict(cfg) -> dict:
+    """The SchedulerConfig fields the page shows, under the engine's names."""
+    return {"num_gpu_blocks": cfg.num_gpu_blocks, "num_cpu_blocks": cfg.num_cpu_blocks,
+            "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
+            "enable_prefix_caching": cfg.enable_prefix_caching, "enable_chunked_prefill": cfg.enable_chunked_prefill,
+            "preemption_mode": cfg.preemption_mode.name.lower(), "policy": cfg.policy.name.lower()}
+
+
+class _Step:
+    """What one record accumulates while its events are read."""
+
+    def __init__(self):
+        self.blocks: set[int] = set()          # GPU blocks whose state changed
+        self.cpu_blocks: set[int] = set()
+        self.seqs: set[int] = set()            # sequences whose status/meta changed (or ended)
+        self.events = {name: [] for name in EVENT_LISTS}
+        self.preempted: list = []
+        self.finished: list = []
+        self.swap_tables: dict[int, list[int]] = {}
+
+
+class StepTracer:
+    def __init__(self, scheduler, resolve: Resolver | None = None, clock: Callable[[], float] = time.time,
+                 extra_config: dict | None = None):
+        if not scheduler.config.enable_trace:
+            raise ValueError("the scheduler was built without tracing; set SchedulerConfig(enable_trace=True) "
+                             "(EngineConfig.enable_trace, or `pagedcore serve --enable-trace`)")
+        self.scheduler = scheduler
+        self.resolve = resolve
+        self.clock = clock
+        self.state = KVState({**scheduler_config_dict(scheduler.config), **(extra_config or {})})
+
+    # -- one engine step ------------------------------------------------------------------------------
+    def on_step(self, out, result, timing: dict | None = None, now: float | None = None) -> dict:
+        now = self.clock() if now is None else now
+        st, acc = self.state, _Step()
+        self._read_events(out.events.tolist(), acc, now)
+
+        # Tables after allocation, prefix hits and CoW: the scheduler hands them to the runner anyway.
+        scheduled, progress, tables = [], [], {}
+        rows = out.block_tables.tolist()
+        for i, (sid, n, c) in enumerate(zip(out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(),
+                                            out.num_computed_tokens.tolist())):
+            seq = st.seqs.get(sid)
+            if seq is None:
+                continue
+            kind = (DECODE if n == 1 and c + 1 == seq["num_tokens"] else
+                    RECOMPUTE if seq["num_tokens"] > seq["num_prompt_tokens"] else PREFILL)
+            scheduled.append([sid, n, c, kind])
+            seq["num_computed_tokens"] = c + n
+            table = rows[i]
+            while table and table[-1] < 0:
+                table.pop()
+            if table != seq["block_table"]:
+                seq["block_table"] = tables[str(sid)] = table
+        for sid in out.sample_seq_ids.tolist():   # update() appends one token to every sampled row
+            seq = st.seqs.get(sid)
+            if seq is not None:
+                seq["num_tokens"] += 1
+                if seq["first_token_time"] is None:
+                    seq["first_token_time"] = now
+        self._read_events(result.events.tolist(), acc, now)
+        for sid, _, _, _ in scheduled:
+            seq = st.seqs.get(sid)
+            if seq is not None:
+                progress.append([sid, seq["num_computed_tokens"], seq["num_tokens"]])
+
+        st.step, st.time = out.step_id, now
+        record = {"kind": "step", "step": out.step_id, "time": now,
+                  "num_tokens": out.num_tokens, "num_prefill_tokens": out.num_prefill_tokens,
+                  "num_decode_tokens": out.num_decode_tokens, "num_seqs": out.num_seqs,
+                  "num_context_tokens": int(out.seq_lens.sum()) if out.num_seqs else 0,
+                  "scheduled": scheduled, "progress": progress, "tables": tables}
+        if timing is not None:
+            record["timing"] = {k: round(timing[k], 7) for k in ("schedule", "forward", "sample", "total")
+                                if k in timing}
+        return self._finish_record(record, acc)
+
+    # -- between steps: aborts leave their events inside the C++ trace until the next schedule() ------------
+    def sync(self, now: float | None = None) -> dict | None:
+        """Reads the pool for sequences that ended outside a step (aborts); None when nothing changed."""
+        now = self.clock() if now is None else now
+        st, acc, pool = self.state, _Step(), self.scheduler.gpu_pool
+        live = set(self.scheduler.waiting_ids()) | set(self.scheduler.running_ids()) | set(self.scheduler.swapped_ids())
+        for sid in [s for s in st.seqs if s not in live]:
+            seq = st.seqs[sid]
+            targets = acc.cpu_blocks if seq["status"] == "swapped" else acc.blocks
+            targets.update(seq["block_table"])
+            self._end_seq(sid, FINISH_REASONS.index("abort"), seq["num_tokens"] - seq["num_prompt_tokens"], acc, now)
+        for sid in live - st.seqs.keys():
+            self._new_seq(sid, now, acc)
+        for b in acc.blocks:
+            st.ref[b] = pool.ref_count(b)
+        for b in acc.cpu_blocks:
+            st.cpu_owner[b] = NO_OWNER
+        if st.ref.count(0) != pool.num_free_blocks:   # a failed step dropped its events: read every block
+            for b in range(len(st.ref)):
+                ref = pool.ref_count(b)
+                if ref != st.ref[b]:
+                    st.ref[b] = ref
+                    acc.blocks.add(b)
+        if not (acc.blocks or acc.seqs):
+            return None
+        return self._finish_record({"kind": "sync", "step": st.step, "time": now}, acc)
+
+    # -- the event reader -----------------------------------------------------------------------------
+    def _read_events(self, events: list, acc: _Step, now: float) -> None:
+        st = self.state
+        for etype, sid, a, b in events:
+            if etype == SCHEDULE:
+                continue                      # read from the SchedulerOutput arrays instead
+            if etype == ALLOCATE:
+                st.ref[a], st.owner[a] = 1, sid
+                acc.blocks.add(a)
+                acc.events["allocated"].append([a, sid])
+            elif etype == FREE:
+                st.ref[a] = b
+                acc.blocks.add(a)
+                acc.events["freed"].append([a, sid, b])
+            elif etype == PREFIX_HIT:
+                st.ref[a] = b
+                acc.blocks.add(a)
+                acc.events["prefix_hits"].append([a, sid, b])
+                seq = st.seqs.get(sid)
+                if seq is not None and seq["num_preemptions"] == 0 and seq["status"] == "waiting":
+                    seq["num_cached_tokens"] += st.config["block_size"]
+            elif etype == CACHE_REGISTER:
+                st.cached[a] = True
+                acc.blocks.add(a)
+                acc.events["registered"].append(a)
+            elif etype == EVICT:
+                st.cached[a] = False
+                acc.blocks.add(a)
+                acc.events["evicted"].append(a)
+            elif etype == COPY_ON_WRITE:
+                acc.events["cow"].append([a, b, sid])
+            elif etype == SWAP_OUT:
+                st.cpu_owner[b] = sid
+                acc.cpu_blocks.add(b)
+                acc.swap_tables.setdefault(sid, []).append(b)
+                acc.events["swapped_out"].append([a, b, sid])
+            elif etype == SWAP_IN:
+                st.cpu_owner[a] = NO_OWNER
+                acc.cpu_blocks.add(a)
+                acc.events["swapped_in"].append([a, b, sid])
+            elif etype == PREEMPT:
+                self._preempt(sid, PREEMPTION_MODES[a], acc)
+            elif etype == QUEUE_MOVE:
+                if a < 0:
+                    self._new_seq(sid, now, acc)
+                elif sid in st.seqs and b != SEQ_STATUS.index("finished"):
+                    st.seqs[sid]["status"] = SEQ_STATUS[b]
+                    acc.seqs.add(sid)
+            elif etype == FINISH:
+                if sid in st.seqs:
+                    self._end_seq(sid, a, b, acc, now)
+            elif etype == FORK:
+                self._fork(sid, a, acc)
+            elif etype == REJECT:
+                acc.events["rejected"].append([sid, a])
+
+    def _new_seq(self, sid: int, now: float, acc: _Step) -> None:
+        st = self.state
+        if sid in st.seqs:
+            return                            # already seen by a sync
+        info = self.scheduler.get_sequence(sid)
+        known = self.resolve(sid) if self.resolve else None
+        request_id, arrival = known if known else (str(sid), now)
+        st.seqs[sid] = new_seq(request_id, info.num_prompt_tokens if info else 0, arrival)
+        acc.seqs.add(sid)
+
+    def _preempt(self, sid: int, mode: str, acc: _Step) -> None:
+        seq = self.state.seqs.get(sid)
+        acc.preempted.append([sid, mode])
+        if seq is None:
+            return
+        seq["num_preemptions"] += 1
+        # Recompute drops the KV (computed back to 0); swap keeps it in CPU blocks.
+        seq["block_table"] = acc.swap_tables.pop(sid, []) if mode == "swap" else []
+        if mode == "recompute":
+            seq["num_computed_tokens"] = 0
+        acc.seqs.add(sid)
+
+    def _fork(self, child: int, parent: int, acc: _Step) -> None:
+        st = self.state
+        src = st.seqs.get(parent)
+        acc.events["forks"].append([child, parent])
+        if src is None:
+            return
+        seq = dict(src, status="running", num_preemptions=0, block_table=list(src["block_table"]))
+        st.seqs[child] = seq
+        for b in seq["block_table"]:          # fork retains every parent block (no event of its own)
+            st.ref[b] += 1
+            acc.blocks.add(b)
+        acc.seqs.add(child)
+
+    def _end_seq(self, sid: int, reason: int, num_output: int, acc: _Step, now: float) -> None:
+        seq = self.state.seqs.pop(sid)
+        if seq["status"] == "swapped":        # free_swapped() releases CPU blocks without events
+            for b in seq["block_table"]:
+                self.state.cpu_owner[b] = NO_OWNER
+                acc.cpu_blocks.add(b)
+        first = seq["first_token_time"]
+        acc.finished.append({
+            "seq_id": sid, "request_id": seq["request_id"], "reason": FINISH_REASONS[reason],
+            "num_prompt_tokens": seq["num_prompt_tokens"], "num_output_tokens": num_output,
+            "num_cached_tokens": seq["num_cached_tokens"], "num_preemptions": seq["num_preemptions"],
+            "ttft": None if first is None else first - seq["arrival"],
+            "tpot": (now - first) / (num_output - 1) if first is not None and num_output > 1 else None,
+            "e2e": now - seq["arrival"]})
+        acc.seqs.add(sid)
+
+    def _finish_record(self, record: dict, acc: _Step) -> dict:
+        st = self.state
+        for b in acc.blocks:                  # a free block that no hash reaches belongs to nobody
+            if st.ref[b] == 0 and not st.cached[b]:
+                st.owner[b] = NO_OWNER
+        record["blocks"] = [[b, st.ref[b], st.owner[b], int(st.cached[b])] for b in sorted(acc.blocks)]
+        record["cpu_blocks"] = [[b, st.cpu_owner[b]] for b in sorted(acc.cpu_blocks)]
+        record["seqs"] = {str(s): (dict(st.seqs[s], block_table=list(st.seqs[s]["block_table"]))
+                                   if s in st.seqs else None) for s in sorted(acc.seqs)}
+        queues = {}
+        for q in QUEUES:
+            ids = getattr(self.scheduler, q + "_ids")()
+            if ids != st.queues[q]:
+                st.queues[q] = queues[q] = ids
+        record["queues"] = queues
+        s = self.scheduler.stats()
+        st.stats = record["kv"] = {
+            "usage": round(s.kv_cache_usage, 5), "num_free_blocks": s.num_free_blocks,
+            "num_cached_free_blocks": s.num_cached_free_blocks, "num_free_cpu_blocks": s.num_free_cpu_blocks,
+            "prefix_query_tokens": s.prefix_query_tokens, "prefix_hit_tokens": s.prefix_hit_tokens,
+            "num_preemptions": s.num_preemptions, "num_evictions": s.num_evictions}
+        record["events"] = {k: v for k, v in acc.events.items() if v}
+        record["preempted"], record["finished"] = acc.preempted, acc.finished
+        return record
