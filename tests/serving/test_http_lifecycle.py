@@ -102,7 +102,8 @@ def test_a_full_queue_answers_429(server):
 def test_sigterm_drains_then_exits_0(server):
     with httpx.Client(timeout=300) as client:
         events, first, done = [], threading.Event(), threading.Event()
-        thread = _start_stream(client, server.url, "Count to ten:", 6, events, first, done)
+        # Long enough that the server is still draining while we probe it, even with fast kernels.
+        thread = _start_stream(client, server.url, "Count to ten:", 24, events, first, done)
         assert first.wait(120) and events[0] == "status 200"
         server.proc.send_signal(signal.SIGTERM)
         # Draining: probes and new work are turned away while the stream carries on.

@@ -17,6 +17,7 @@ PROMPTS = ["The sky is", "My favourite food is", "In 1492,", "Python is a"]
 MAX_TOKENS = 3
 
 
+@pytest.mark.slow
 def test_32_concurrent_streams_all_complete_with_the_right_text(http_server, openai_client):
     # Greedy: each prompt's reply is fixed, whatever else shares the batch.
     expected = {p: openai_client.completions.create(model="smol", prompt=p, max_tokens=MAX_TOKENS,

@@ -16,6 +16,7 @@ from pagedcore.serving.async_engine import AsyncLLMEngine, EngineDrainingError, 
 from pagedcore.serving.auth import parse_api_keys
 from pagedcore.serving.metrics import ServerMetrics
 from pagedcore.serving.openai.body import describe
+from pagedcore.serving.openai.chat_template import load_chat_template
 from pagedcore.serving.openai.errors import from_value_error
 from pagedcore.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -214,3 +215,13 @@ def test_sampling_params_errors_speak_json_and_the_request_field():
 def test_api_keys_from_flags_commas_and_environment():
     assert parse_api_keys(["a,b", " c "], environ={"PAGEDCORE_API_KEY": "d,e"}) == ["a", "b", "c", "d", "e"]
     assert parse_api_keys(None, environ={}) == []
+
+
+def test_chat_template_from_a_file_or_inline(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert load_chat_template(str(path)) == path.read_text()
+    assert load_chat_template("{{ messages[0].content }}") == "{{ messages[0].content }}"
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        load_chat_template("no-such-file.jinja")

@@ -13,21 +13,22 @@ from pagedcore.serving.openai.protocol import UNION_TYPES
 logger = logging.getLogger(__name__)
 
 
-def too_large(size: int | str, limit: int) -> APIError:
-    return APIError(413, f"the request body is {size} bytes, more than this server's limit of {limit} bytes; "
-                         "send a smaller request or start the server with a larger --max-request-body-bytes")
+def too_large(size: int | None, limit: int) -> APIError:
+    what = f"is {size} bytes, more than" if size is not None else "is larger than"
+    return APIError(413, f"the request body {what} this server's limit of {limit} bytes; send a smaller "
+                         "request or start the server with a larger --max-request-body-bytes")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) as soon as it passes `limit` bytes, declared or streamed."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(declared, limit)
+        raise too_large(int(declared), limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large(f"more than {limit}", limit)
+            raise too_large(None, limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
