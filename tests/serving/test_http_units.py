@@ -39,13 +39,13 @@ class FakeEngine:
                                kv_cache_usage=running / 10, prefix_query_tokens=0, prefix_hit_tokens=0,
                                num_preemptions=0, num_steps=0)
 
-    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, priority=0,
-                    output_kind="cumulative"):
+    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, arrival_time=None,
+                    priority=0, output_kind="cumulative"):
         assert output_kind == "delta"
         if prompt == "refuse":
             raise ValueError("this prompt is refused")
         self.requests[request_id] = SimpleNamespace(params=params, tokens=[], prompt_ids=prompt_token_ids or [1, 2],
-                                                    metrics=RequestMetrics(arrival_time=time.time()))
+                                                    metrics=RequestMetrics(arrival_time=arrival_time))
 
     def has_unfinished_requests(self):
         return bool(self.requests)

@@ -52,6 +52,7 @@ class _Add:
     params: SamplingParams
     priority: int
     stream: OutputQueue
+    arrival_time: float     # when the handler asked: TTFT and queue time count the wait for the engine thread
 
 
 @dataclass
@@ -124,7 +125,7 @@ class AsyncLLMEngine:
         # Always "delta" inside the engine: every step then reports every request (exact metrics),
         # and a non-streaming caller's RequestStream folds the deltas into one output.
         self._send(_Add(request_id, prompt, None if prompt_token_ids is None else list(prompt_token_ids),
-                        params or SamplingParams(), priority, s))
+                        params or SamplingParams(), priority, s, time.time()))
         return RequestStream(request_id, s, incremental=stream, abort=lambda: self._send(_Abort(request_id)),
                              release=lambda: self._release(request_id))
 
@@ -250,7 +251,8 @@ class AsyncLLMEngine:
                 try:
                     self.engine.add_request(command.request_id, prompt=command.prompt, params=command.params,
                                             prompt_token_ids=command.prompt_token_ids,
-                                            priority=command.priority, output_kind="delta")
+                                            arrival_time=command.arrival_time, priority=command.priority,
+                                            output_kind="delta")
                 except Exception as e:  # this request alone fails
                     command.stream.put(e)
             else:
