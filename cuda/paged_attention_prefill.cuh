@@ -154,7 +154,7 @@ __device__ __forceinline__ void warp_scores_simt(const float* q_rows, const floa
 //   seq:    0 (q_len 40)  | 1 | 2 (q_len 33, starts at token 41)
 //           tiles 0 1 2,  3 spare | decode row | tiles 0 1 2
 template <typename cache_t, int kHeadSize, bool kTensorCores>
-__global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::kThreads)
+__global__ void __launch_bounds__(TileConfig<cache_t, kHeadSize, kTensorCores>::kThreads, 1)
     paged_prefill_kernel(const AttentionArgs a) {
   using C = TileConfig<cache_t, kHeadSize, kTensorCores>;
   using smem_t = typename C::smem_t;
