@@ -155,6 +155,9 @@ __host__ __device__ __forceinline__ void unpack(const uint4& raw, float* out) {
 
 template <typename T>
 __host__ __device__ __forceinline__ uint4 load16(const T* p) {
+#ifdef PAGEDCORE_CUDA_EMULATION
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) __trap();  // the GPU faults on a misaligned 16-byte load
+#endif
   return *reinterpret_cast<const uint4*>(p);
 }
 

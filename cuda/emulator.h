@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -107,8 +108,18 @@ struct fragment {
   T x[256];  // x[row * 16 + col] of the logical tile (A: MxK, B: KxN, accumulator: MxN)
 };
 
+// What the hardware requires of every wmma load/store: a 256-bit aligned tile start and a leading
+// dimension that is a multiple of 16 bytes.
+inline void check_tile(const void* p, unsigned ldm, size_t element_bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (ldm * element_bytes) % 16 != 0) {
+    std::fprintf(stderr, "cuda emulator: wmma tile at %p with ldm %u breaks the 32-byte/16-byte alignment rule\n", p, ldm);
+    std::abort();
+  }
+}
+
 template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  check_tile(p, ldm, sizeof(T));
   constexpr bool kRowMajor = std::is_same<Layout, row_major>::value;
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = kRowMajor ? p[r * ldm + c] : p[c * ldm + r];
@@ -117,6 +128,7 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
                              layout_t layout) {
+  check_tile(p, ldm, sizeof(float));
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
   }
@@ -124,6 +136,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
                               layout_t layout) {
+  check_tile(p, ldm, sizeof(float));
   const int lane = ::pagedcore::cuda::emu::self().linear_thread % 32;
   for (int i = lane; i < 256; i += 32) {
     const int r = i / 16, c = i % 16;
