@@ -95,7 +95,8 @@ def test_folder_without_tokenizer(tiny_folder, tmp_path):
         (folder / name).unlink()
     with pytest.raises(ModelLoadError, match="no tokenizer files.*load_tokenizer=False"):
         load_model(str(folder))
-    assert load_model(str(folder), load_tokenizer=False).tokenizer is None
+    loaded = load_model(str(folder), load_tokenizer=False)
+    assert loaded.tokenizer is None and "<s>" in loaded.chat_template  # read from chat_template.jinja
 
 
 def test_folder_without_model_files(tmp_path):

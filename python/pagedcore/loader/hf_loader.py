@@ -42,6 +42,18 @@ def read_generation_config(folder: str) -> dict[str, Any]:
     return read_json(path) if os.path.isfile(path) else {}
 
 
+def read_chat_template(folder: str) -> str | None:
+    """The chat template without building a tokenizer: chat_template.jinja (transformers >= 4.43
+    writes it) or tokenizer_config.json's "chat_template"."""
+    path = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    path = os.path.join(folder, "tokenizer_config.json")
+    template = read_json(path).get("chat_template") if os.path.isfile(path) else None
+    return template if isinstance(template, str) else None
+
+
 def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -> ModelConfig:
     path = os.path.join(folder, "config.json")
     raw = read_json(path)

@@ -65,7 +65,7 @@ def _load_hf(source: ModelSource, dtype: str, load_tokenizer: bool) -> LoadedMod
     timer.lap("tokenizer")
     model = _build(config, hf_loader.weights_from_safetensors(shards))
     timer.lap("weights")
-    chat_template = getattr(tokenizer, "chat_template", None)
+    chat_template = getattr(tokenizer, "chat_template", None) or hf_loader.read_chat_template(source.path)
     return LoadedModel(config, model, tokenizer, generation_config, chat_template, source, timer.laps)
 
 
