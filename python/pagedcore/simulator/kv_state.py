@@ -75,16 +75,21 @@ class KVState:
                 self.seqs.pop(int(key), None)
             else:
                 self.seqs[int(key)] = copy.deepcopy(seq)
-        for sid, computed, num_tokens in record.get("progress", ()):
+        for sid, n, computed, _, num_tokens in record.get("scheduled", ()):
             seq = self.seqs.get(sid)
             if seq is not None:
-                seq["num_computed_tokens"], seq["num_tokens"] = computed, num_tokens
-        for key, table in record.get("tables", {}).items():
+                seq["num_computed_tokens"], seq["num_tokens"] = computed + n, num_tokens
+        for key, delta in record.get("tables", {}).items():     # [common prefix length, *new blocks]
             seq = self.seqs.get(int(key))
             if seq is not None:
-                seq["block_table"] = list(table)
-        for q, ids in record.get("queues", {}).items():
-            self.queues[q] = list(ids)
+                seq["block_table"] = seq["block_table"][:delta[0]] + list(delta[1:])
+        for q, delta in record.get("queues", {}).items():
+            if "ids" in delta:
+                self.queues[q] = list(delta["ids"])
+            else:
+                removed = set(delta["remove"])
+                kept = [x for x in self.queues[q] if x not in removed]
+                self.queues[q] = list(delta["front"]) + kept + list(delta["add"])
         if "kv" in record:
             self.stats = dict(record["kv"])
         self.step = max(self.step, record.get("step", self.step))

@@ -21,15 +21,16 @@ from pagedcore.simulator.trace import StepTracer
 
 logger = logging.getLogger(__name__)
 
-# The per-step numbers of the page's timeline, kept for subscribers that join late.
+# The per-step numbers of the page's timeline, kept for subscribers that join late (state.js fromSummary).
 SUMMARY_FIELDS = ("step", "time", "num_prefill_tokens", "num_decode_tokens", "num_seqs")
 
 
 def summary(record: dict) -> list:
     kv = record.get("kv", {})
+    generated = sum(1 for sid, n, c, kind, num_tokens in record.get("scheduled", ()) if num_tokens == c + n + 1)
     return [record[k] for k in SUMMARY_FIELDS] + [kv.get("usage", 0.0), len(record.get("preempted", ())),
                                                   len(record.get("finished", ())),
-                                                  record.get("timing", {}).get("total")]
+                                                  record.get("timing", {}).get("total"), generated]
 
 
 class Subscription:

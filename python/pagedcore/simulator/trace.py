@@ -36,6 +36,28 @@ def scheduler_config_dict(cfg) -> dict:
             "preemption_mode": cfg.preemption_mode.name.lower(), "policy": cfg.policy.name.lower()}
 
 
+def table_delta(old: list[int], new: list[int]) -> list[int]:
+    """[p, *new[p:]] with p the length of the common prefix: a growing table sends its new blocks only."""
+    p = 0
+    for x, y in zip(old, new):
+        if x != y:
+            break
+        p += 1
+    return [p] + new[p:]
+
+
+def queue_delta(old: list[int], new: list[int]) -> dict:
+    """{"remove": ids, "front": ids, "add": ids} when new = front + (old without removed) + add, as
+    queues move (admission from the front, finishing anywhere, arrivals at the back, a preempted
+    sequence put back at the front); else {"ids": new} (e.g. priority order)."""
+    keep = set(new)
+    kept = [x for x in old if x in keep]
+    j = new.index(kept[0]) if kept else 0
+    if new[j:j + len(kept)] == kept:
+        return {"remove": [x for x in old if x not in keep], "front": new[:j], "add": new[j + len(kept):]}
+    return {"ids": new}
+
+
 class _Step:
     """What one record accumulates while its events are read."""
 
@@ -67,7 +89,7 @@ class StepTracer:
         self._read_events(out.events.tolist(), acc, now)
 
         # Tables after allocation, prefix hits and CoW: the scheduler hands them to the runner anyway.
-        scheduled, progress, tables = [], [], {}
+        scheduled, tables = [], {}
         rows = out.block_tables.tolist()
         for i, (sid, n, c) in enumerate(zip(out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(),
                                             out.num_computed_tokens.tolist())):
@@ -76,13 +98,14 @@ class StepTracer:
                 continue
             kind = (DECODE if n == 1 and c + 1 == seq["num_tokens"] else
                     RECOMPUTE if seq["num_tokens"] > seq["num_prompt_tokens"] else PREFILL)
-            scheduled.append([sid, n, c, kind])
+            scheduled.append([sid, n, c, kind, 0])
             seq["num_computed_tokens"] = c + n
             table = rows[i]
             while table and table[-1] < 0:
                 table.pop()
             if table != seq["block_table"]:
-                seq["block_table"] = tables[str(sid)] = table
+                tables[str(sid)] = table_delta(seq["block_table"], table)
+                seq["block_table"] = table
         for sid in out.sample_seq_ids.tolist():   # update() appends one token to every sampled row
             seq = st.seqs.get(sid)
             if seq is not None:
@@ -90,17 +113,16 @@ class StepTracer:
                 if seq["first_token_time"] is None:
                     seq["first_token_time"] = now
         self._read_events(result.events.tolist(), acc, now)
-        for sid, _, _, _ in scheduled:
-            seq = st.seqs.get(sid)
-            if seq is not None:
-                progress.append([sid, seq["num_computed_tokens"], seq["num_tokens"]])
+        for row in scheduled:                     # [seq_id, tokens, computed before, kind, num_tokens after]
+            seq = st.seqs.get(row[0])
+            row[4] = seq["num_tokens"] if seq is not None else -1
 
         st.step, st.time = out.step_id, now
         record = {"kind": "step", "step": out.step_id, "time": now,
                   "num_tokens": out.num_tokens, "num_prefill_tokens": out.num_prefill_tokens,
                   "num_decode_tokens": out.num_decode_tokens, "num_seqs": out.num_seqs,
                   "num_context_tokens": int(out.seq_lens.sum()) if out.num_seqs else 0,
-                  "scheduled": scheduled, "progress": progress, "tables": tables}
+                  "scheduled": scheduled, "tables": tables}
         if timing is not None:
             record["timing"] = {k: round(timing[k], 7) for k in ("schedule", "forward", "sample", "total")
                                 if k in timing}
@@ -253,7 +275,8 @@ class StepTracer:
         for q in QUEUES:
             ids = getattr(self.scheduler, q + "_ids")()
             if ids != st.queues[q]:
-                st.queues[q] = queues[q] = ids
+                queues[q] = queue_delta(st.queues[q], ids)
+                st.queues[q] = ids
         record["queues"] = queues
         s = self.scheduler.stats()
         st.stats = record["kv"] = {
