@@ -22,7 +22,8 @@ from pagedcore.serving.state import ServerState
 logger = logging.getLogger(__name__)
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState, recorder=None) -> FastAPI:
+    """recorder: the simulator's TraceRecorder on the engine (--enable-trace), for its live page."""
     app = FastAPI(title="pagedcore", version=__version__,
                   description="OpenAI-compatible completions and chat on a paged-KV engine")
     app.state.server = state
@@ -75,7 +76,19 @@ def build_app(state: ServerState) -> FastAPI:
         body = state.metrics.render() if state.metrics is not None else b""
         return Response(body, media_type=CONTENT_TYPE)
 
+    _mount_simulator(app, state, recorder)
     return app
+
+
+def _mount_simulator(app: FastAPI, state: ServerState, recorder) -> None:
+    """The live simulator page at / (replay and model-free simulation always; the live trace with
+    --enable-trace). A build without it serves the API alone."""
+    try:
+        from pagedcore.simulator import simulator_router
+
+        app.include_router(simulator_router(state, recorder))
+    except ImportError as error:
+        logger.info("simulator page unavailable (%s)", error)
 
 
 def _served(state: ServerState) -> list[str]:
@@ -100,7 +113,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         if error.status_code in (404, 405):
             message = (f"{request.method} {request.url.path}: {message.lower()}; the routes are /v1/completions, "
                        "/v1/chat/completions, /v1/models, /tokenize, /detokenize (POST except /v1/models), "
-                       "/health, /metrics, /version")
+                       "/health, /metrics, /version, and the simulator page at /")
         return error_response(error.status_code, message, headers=getattr(error, "headers", None))
 
     @app.exception_handler(RequestValidationError)

@@ -77,7 +77,8 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
                     signal.Signals(sig).name, args.shutdown_timeout)
         loop.call_soon_threadsafe(stop.set)
 
-    http = _Uvicorn(uvicorn.Config(build_app(state), log_level=args.uvicorn_log_level, lifespan="off",
+    recorder = _trace_recorder(args)
+    http = _Uvicorn(uvicorn.Config(build_app(state, recorder), log_level=args.uvicorn_log_level, lifespan="off",
                                    timeout_graceful_shutdown=5, server_header=False), on_signal)
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
     host, port = sock.getsockname()[:2]
@@ -100,6 +101,8 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
     engine: LLMEngine = load_task.result()
     _log_loaded(engine)
     async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
+    if recorder is not None:
+        recorder.attach(async_engine)    # before the first request: the trace mirrors the cache from empty
     state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.config.max_model_len)
     async_engine.step_hooks.append(state.metrics.on_step)
     state.attach(async_engine, chat_template, created=int(time.time()))
@@ -113,8 +116,22 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
     await _drain(args, state, async_engine, grpc_server or None)
     http.should_exit = True
     await http_task
+    if recorder is not None:
+        recorder.close()
     logger.info("shut down cleanly")
     return code
+
+
+def _trace_recorder(args):
+    """The simulator's TraceRecorder with --enable-trace (the page's live view), else None."""
+    if not args.enable_trace:
+        return None
+    try:
+        from pagedcore.simulator import TraceRecorder
+    except ImportError as error:
+        logger.warning("--enable-trace: the simulator is not available (%s); tracing in the engine only", error)
+        return None
+    return TraceRecorder()
 
 
 async def _load_in_thread(config: EngineConfig) -> LLMEngine:
