@@ -1,0 +1,1 @@
+"""`pagedcore bench ...`: throughput, latency and serving benchmarks, workloads, roofline arithmetic."""

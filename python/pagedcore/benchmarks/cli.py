@@ -1,0 +1,104 @@
+"""`pagedcore bench {throughput,latency,serve,roofline}`: registered by pagedcore.cli when present.
+
+Only argparse lives here: each command's module (and torch with it) is imported when the command
+runs, so registering `bench` costs the other `pagedcore` commands nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+
+from pagedcore.benchmarks.workloads import WORKLOAD_KINDS
+
+
+def _rate(text: str) -> float:
+    return math.inf if text.lower() in ("inf", "infinity") else float(text)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="synthetic", choices=WORKLOAD_KINDS,
+                   help="synthetic (lognormal lengths), shared-prefix (prefix caching), long-prompt "
+                        "(chunked prefill) or file (--workload-file)")
+    g.add_argument("--workload-file", default=None,
+                   help="JSON of token ids in the format of shared/bench/workload_n128_seed0.json (implies --workload file)")
+    g.add_argument("--num-prompts", type=int, default=None,
+                   help="requests (default: 128 synthetic, 64 shared-prefix, 8 long-prompt, all of a file)")
+    g.add_argument("--seed-workload", type=int, default=0, help="seed of the synthetic workloads")
+    g.add_argument("--min-prompt-len", type=int, default=None, help="synthetic: shortest prompt (16)")
+    g.add_argument("--max-prompt-len", type=int, default=None,
+                   help="synthetic: longest prompt (512); long-prompt: the prompt length (3000)")
+    g.add_argument("--min-output-len", type=int, default=None, help="synthetic: shortest output (16)")
+    g.add_argument("--max-output-len", type=int, default=None,
+                   help="synthetic: longest output (256); shared-prefix: longest output (128); long-prompt: output (32)")
+    g.add_argument("--prefix-len", type=int, default=None, help="shared-prefix: tokens of the shared system prompt (512)")
+
+
+def _command(module: str, function: str):
+    def run(args):
+        if getattr(args, "workload_file", None):
+            args.workload = "file"
+        return getattr(importlib.import_module(f"pagedcore.benchmarks.{module}"), function)(args)
+    return run
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    from pagedcore.entrypoints.engine_args import add_engine_args
+
+    bench = subparsers.add_parser("bench", help="benchmarks: throughput, latency, serve, roofline")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    p = sub.add_parser("throughput", help="offline throughput: a whole workload submitted at once")
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+    add_workload_args(p)
+    p.add_argument("--num-runs", type=int, default=1, help="timed runs after the warm-up (the median is reported)")
+    p.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's GEMM rate for the floor")
+    p.add_argument("--gemm-gflops", type=float, default=None,
+                   help="use this GEMM rate for the floor instead of measuring it (GFLOP/s at the run's dtype)")
+    p.add_argument("--profile-ops", action="store_true", help="also time every Linear (adds ~0.5 ms a step)")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    add_engine_args(p)
+    p.set_defaults(func=_command("throughput", "cmd_throughput"))
+
+    p = sub.add_parser("latency", help="one request's TTFT/TPOT and the decode step at batch 1/16/64")
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: the bundled model)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens of the single request")
+    p.add_argument("--num-iters", type=int, default=3, help="timed single-request runs (median reported)")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 16, 64], help="decode batch sizes to time")
+    p.add_argument("--decode-steps", type=int, default=20, help="timed decode steps per batch size")
+    p.add_argument("--bandwidth-gbps", type=float, default=None,
+                   help="memory bandwidth for the decode floor (default: measure the copy rate here)")
+    p.add_argument("--gemm-gflops", type=float, default=None,
+                   help="GEMM rate for the decode floor (default: measure torch's at the model's shapes here)")
+    p.add_argument("--seed-workload", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    add_engine_args(p)
+    p.set_defaults(func=_command("latency", "cmd_latency"))
+
+    p = sub.add_parser("serve", help="load-test an OpenAI-compatible server (Poisson arrivals or fixed concurrency)")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default: pagedcore serve's)")
+    p.add_argument("--model", default=None, help="model name for the requests (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    add_workload_args(p)
+    p.add_argument("--request-rate", type=_rate, nargs="+", default=[math.inf],
+                   help="requests per second, Poisson arrivals ('inf' = all at once); several values make a sweep")
+    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a request counts as failed")
+    p.add_argument("--vocab-size", type=int, default=49152,
+                   help="token ids of synthetic workloads are drawn below this (the default model's vocabulary)")
+    p.add_argument("--output-json", default="bench_serve.json", help="result file")
+    p.add_argument("--plot-dir", default=None, help="write PNG plots here (needs matplotlib)")
+    p.set_defaults(func=_command("serve", "cmd_serve"))
+
+    p = sub.add_parser("roofline", help="machine ceilings (GEMM GFLOP/s, bandwidth) and the model's floors")
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: the bundled model)")
+    add_workload_args(p)
+    p.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64, 256, 1024], help="GEMM row counts to time")
+    p.add_argument("--measured", nargs="*", default=[], metavar="LABEL=DTYPE:SECONDS",
+                   help="measured walls to set against the floor, e.g. pagedcore-fp32=float32:80.1")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    p.set_defaults(func=_command("roofline_cmd", "cmd_roofline"))
+    return bench
