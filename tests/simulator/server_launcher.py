@@ -1,47 +1,34 @@
-"""`pagedcore serve --enable-trace` with the simulator page mounted and a TraceRecorder attached, for the
-browser tests: `python -m tests.simulator.server_launcher [serve flags] [--trace-file F]`.
+"""`pagedcore serve --enable-trace` with a trace file, for the browser tests:
+`python -m tests.simulator.server_launcher [serve flags] --trace-file F`.
 
-The serving code mounts the simulator itself once it is wired; until then this wraps its two seams
-(build_app and AsyncLLMEngine), and steps aside where they already carry the simulator.
+`pagedcore serve` mounts the simulator and attaches its TraceRecorder itself; where it does not take
+--trace-file yet, this gives its recorder one through the seam it uses (server._trace_recorder).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+from pagedcore.cli import main as cli_main
 from pagedcore.serving import server
-from pagedcore.simulator import TraceRecorder, simulator_router
+from pagedcore.serving.cli import add_serve_parser
+from pagedcore.simulator import TraceRecorder
+
+
+def serve_takes_trace_file() -> bool:
+    parser = argparse.ArgumentParser()
+    p = add_serve_parser(parser.add_subparsers())
+    return any("--trace-file" in a.option_strings for a in p._actions)
 
 
 def main(argv: list[str]) -> int:
-    trace_file = None
-    if "--trace-file" in argv:
+    if "--trace-file" in argv and not serve_takes_trace_file():
         i = argv.index("--trace-file")
         trace_file = argv[i + 1]
         del argv[i:i + 2]
-    recorder = TraceRecorder(trace_file=trace_file)
-    build_app, async_engine_class = server.build_app, server.AsyncLLMEngine
-
-    def build_app_with_simulator(state):
-        app = build_app(state)
-        if not any(getattr(r, "path", None) == "/simulator/events" for r in app.routes):
-            app.include_router(simulator_router(state, recorder))
-        return app
-
-    class AsyncEngineWithRecorder(async_engine_class):
-        def __init__(self, engine, *args, **kwargs):
-            super().__init__(engine, *args, **kwargs)   # no request can arrive before the server is ready
-            if not any(isinstance(getattr(f, "__self__", None), TraceRecorder) for f in engine.step_listeners):
-                recorder.attach(self)
-
-    server.build_app = build_app_with_simulator
-    server.AsyncLLMEngine = AsyncEngineWithRecorder
-    from pagedcore.cli import main as cli_main
-
-    try:
-        return cli_main(["serve", "--enable-trace", *argv])
-    finally:
-        recorder.close()
+        server._trace_recorder = lambda args: TraceRecorder(trace_file=trace_file) if args.enable_trace else None
+    return cli_main(["serve", "--enable-trace", *argv])
 
 
 if __name__ == "__main__":

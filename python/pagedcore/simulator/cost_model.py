@@ -3,8 +3,9 @@
     t_step = a + b * num_tokens + c * num_context_tokens + d * num_seqs + e * num_swapped_blocks
              fixed   GEMM rows     attention reads (Σ seq_lens)  per-sequence   KV copied to/from CPU
 
-The defaults were fitted (`pagedcore simulate --calibrate`) to 0 steps of the real engine running
-the bundled SmolLM2-135M in float32 on this project's 2-core CPU machine; see docs/simulator.md.
+The defaults were fitted to 236 timed steps of the real engine (two runs of `pagedcore simulate
+--record-calibration --num-threads 1`, seeds 0 and 1) running the bundled SmolLM2-135M in float32 on
+this project's shared 2-core CPU machine; see docs/simulator.md for how, and how to refit elsewhere.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ class CostModel:
             return cls(**json.load(f))
 
     def describe(self) -> str:
-        return (f"t = {self.a * 1e3:.3f} ms + {self.b * 1e6:.2f} us/token + {self.c * 1e9:.2f} ns/context token "
-                f"+ {self.d * 1e6:.2f} us/seq + {self.e * 1e6:.1f} us/swapped block  ({self.source})")
+        return (f"t = {_time(self.a)} + {_time(self.b)}/token + {_time(self.c)}/context token + {_time(self.d)}/seq "
+                f"+ {_time(self.e)}/swapped block  ({self.source})")
+
+
+def _time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
 
 
 def fit_cost_model(rows: np.ndarray, step_seconds: np.ndarray, e: float = 0.0, source: str = "fitted") -> CostModel:
@@ -89,5 +97,9 @@ def fit_from_trace(path: str, e: float = 0.0, skip_steps: int = 3) -> CostModel:
     return fit_cost_model(np.array(rows), np.array(times), e=e, source=f"fitted to {len(times)} steps of {path}")
 
 
-# Measured on this project's machine; regenerate with `pagedcore simulate --record-calibration`.
-DEFAULT_COST_MODEL = CostModel(a=0.0, b=0.0, c=0.0, d=0.0, e=0.0, source="placeholder")
+# Measured on this project's machine (2 cores shared with other jobs, load average ~8 while it ran, hence
+# the modest fit); regenerate with `pagedcore simulate --record-calibration TRACE --num-threads 1`.
+DEFAULT_COST_MODEL = CostModel(
+    a=0.1549, b=6.90e-3, c=2.11e-5, d=0.0, e=6.2e-5,
+    source="SmolLM2-135M fp32, 1 CPU thread, 2-core machine (236 steps)",
+    fit={"num_steps": 236, "r2": 0.9144, "median_relative_error": 0.1684})

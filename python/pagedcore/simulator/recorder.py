@@ -66,7 +66,6 @@ class TraceRecorder:
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
         self._file = None
-        self._last_flush = 0.0
         self.num_records = 0
         self.seconds_in_recorder = 0.0         # engine-thread time spent here (the cost of tracing)
 
@@ -98,7 +97,9 @@ class TraceRecorder:
             self.tracer = tracer
             self._base = KVState.from_snapshot(tracer.state.snapshot())
             if self.trace_file:
-                self._file = open(self.trace_file, "w", encoding="utf-8")
+                # Line-buffered: a reader (the page, a test) sees every step at once, even when the
+                # engine then goes idle; one write per step is small beside a model step.
+                self._file = open(self.trace_file, "w", encoding="utf-8", buffering=1)
                 self._file.write(json.dumps(tracer.state.snapshot(), separators=(",", ":")) + "\n")
                 self._file.flush()
 
@@ -136,10 +137,6 @@ class TraceRecorder:
             sub._push(line)
         if self._file is not None:
             self._file.write(line + "\n")
-            now = time.monotonic()
-            if now - self._last_flush > 1.0:   # a reader of a live file sees it within a second
-                self._file.flush()
-                self._last_flush = now
 
     # -- readers (any thread) -----------------------------------------------------------------------------------
     def subscribe(self, loop: asyncio.AbstractEventLoop) -> tuple[Subscription, dict]:

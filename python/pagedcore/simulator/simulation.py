@@ -117,7 +117,7 @@ def simulate(requests: list[Request], config: SimConfig, cost: CostModel = DEFAU
         records.append(tracer.state.snapshot())   # a trace starts from the state it applies to
     cols = {k: [] for k in ("time", "dt", "num_tokens", "num_prefill_tokens", "num_decode_tokens", "num_seqs",
                             "num_used_blocks", "waste_slots", "contiguous_waste", "contiguous_reserved",
-                            "num_padded_rows")}
+                            "num_padded_rows", "num_sampled")}
     clock, nxt = 0.0, 0
     batch: list[int] = []                  # static batching: the batch in flight
     num_done_in_batch = done_context = 0   # its finished (padded) rows and the context they still read
@@ -174,7 +174,8 @@ def simulate(requests: list[Request], config: SimConfig, cost: CostModel = DEFAU
                      ("num_prefill_tokens", out.num_prefill_tokens), ("num_decode_tokens", out.num_decode_tokens),
                      ("num_used_blocks", num_gpu_blocks - stats_free), ("waste_slots", int(((-seq_lens) % bs).sum())),
                      ("contiguous_waste", int((reserve[ids] - seq_lens).sum())),
-                     ("contiguous_reserved", int(reserve[ids].sum())), ("num_padded_rows", pad)):
+                     ("contiguous_reserved", int(reserve[ids].sum())), ("num_padded_rows", pad),
+                     ("num_sampled", len(sampled))):
             cols[k].append(v)
         if tracer is not None and out.step_id <= trace_steps:
             records.append(tracer.on_step(out, res, {"total": dt}, now=clock))
@@ -212,6 +213,7 @@ def _metrics(config, cols, arrival, first_token, finish, out_len, rejected, stat
         "kv_waste_contiguous": round(float(c["contiguous_waste"].sum() / max(c["contiguous_reserved"].sum(), 1)), 4),
         "num_prefill_tokens": int(c["num_prefill_tokens"].sum()),
         "num_decode_tokens": int(c["num_decode_tokens"].sum()),
+        "num_sampled_tokens": int(c["num_sampled"].sum()),   # = output tokens: one per sampled row
         "prefix_hit_rate": round(stats.prefix_hit_tokens / stats.prefix_query_tokens, 4) if stats.prefix_query_tokens else 0.0,
         "num_preemptions": stats.num_preemptions, "num_evictions": stats.num_evictions,
         "ttft_ms": _percentiles(first_token[done] - arrival[done]),

@@ -93,6 +93,7 @@
   $('btn-send').onclick = async () => {
     const out = $('reply');
     out.textContent = '';
+    delete out.dataset.done;
     try {
       const resp = await fetch('/v1/chat/completions', { method: 'POST', headers: headers(), body: JSON.stringify({
         model: info.model, stream: true, max_tokens: +$('prompt-max-tokens').value,
@@ -115,6 +116,7 @@
         }
       }
     } catch (err) { out.textContent += `\n[${err.message}]`; }
+    out.dataset.done = '1';
   };
 
   $('btn-workload').onclick = async () => {
@@ -156,6 +158,7 @@
 
   PC.state = state;
   PC.feed = feed;
+  PC.grids = { gpu: gpuGrid, cpu: cpuGrid };
   PC.app = { select, render: () => { dirty = true; }, mine, loadRecords: (r, label) => feed.loadRecords(r, label),
     showEngineTab: () => document.querySelector('.tab[data-tab=engine]').click() };
   start();

@@ -21,11 +21,11 @@
     ['TPOT p50 (ms)', (m) => m.tpot_ms.p50, (v) => v.toFixed(1), false],
     ['batch occupancy (of max_num_seqs)', (m) => m.batch_occupancy * 100, (v) => v.toFixed(0) + '%', true],
     ['KV usage (time-weighted)', (m) => m.kv_usage * 100, (v) => v.toFixed(0) + '%', true],
-    ['KV waste: paged vs contiguous max_model_len', (m) => m.kv_waste * 100, (v) => v.toFixed(1) + '%', false, (m) => m.kv_waste_contiguous * 100],
+    ['KV waste: paged | contiguous max_model_len (dim bar)', (m) => m.kv_waste * 100, (v) => v.toFixed(1) + '%', false, (m) => m.kv_waste_contiguous * 100],
     ['prefill tokens computed', (m) => m.num_prefill_tokens, (v) => (v / 1000).toFixed(0) + 'k', false],
     ['preemptions', (m) => m.num_preemptions, (v) => v.toFixed(0), false],
   ];
-  let last = null;
+  let last = null;       // the last comparison's response
   let lastBody = null;   // the form as last run: "watch" re-runs one policy of it with its trace
 
   function buildForm() {
@@ -118,7 +118,7 @@
       ctx.fillStyle = `hsl(${(i * 137.5) % 360},60%,60%)`;
       ctx.fillRect(x0, y + 4, (v / max) * (x1 - x0), 10);
       ctx.fillStyle = '#d8dde8'; ctx.textAlign = 'left';
-      ctx.fillText(format(v) + (v2 !== null ? ` (contig ${format(v2)})` : ''), x0 + (Math.max(v, v2 || 0) / max) * (x1 - x0) + 4, y + 9);
+      ctx.fillText(format(v) + (v2 !== null ? ` | ${format(v2)}` : ''), x0 + (Math.max(v, v2 || 0) / max) * (x1 - x0) + 4, y + 9);
     });
   }
 
