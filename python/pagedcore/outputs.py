@@ -51,7 +51,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     time_in_queue: float | None = None  # first_scheduled_time - arrival_time
-    num_generation_tokens: int = 0
+    num_generation_tokens: int = 0  # over all n samples
+    num_samples: int = 1  # n: TPOT is per sample, and the samples advance together
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     def on_scheduled(self, now: float) -> None:
@@ -83,10 +84,11 @@ class RequestMetrics:
 
     @property
     def time_per_output_token(self) -> float | None:
-        """Mean inter-token latency after the first token (TPOT); None below two tokens."""
-        if self.num_generation_tokens < 2 or self.first_token_time is None or self.last_token_time is None:
+        """Mean inter-token latency after the first token (TPOT) of one sample; None below two tokens."""
+        per_sample = self.num_generation_tokens / max(self.num_samples, 1)
+        if per_sample < 2 or self.first_token_time is None or self.last_token_time is None:
             return None
-        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
+        return (self.last_token_time - self.first_token_time) / (per_sample - 1)
 
 
 @dataclass

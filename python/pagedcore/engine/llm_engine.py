@@ -117,7 +117,8 @@ class LLMEngine:
         max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_token_ids)
         now = time.time()
         req = RequestState(request_id, prompt, prompt_token_ids, params,
-                           RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now),
+                           RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now,
+                                          num_samples=params.n),
                            output_kind=output_kind, needs_fork=params.n > 1)
         seq = self._new_seq(req, 0, params)
         # A request that wants prompt logprobs must compute every prompt row: a salt keeps it off the cache.
@@ -182,6 +183,7 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t_start = time.perf_counter()
         out = self.scheduler.schedule()
+        self.output_processor.mark_scheduled(out, time.time())
         t_scheduled = time.perf_counter()
         extra_rows = self.output_processor.prompt_logprob_rows(out)
         logits = self.runner.execute(out, extra_rows)

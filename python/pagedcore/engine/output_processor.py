@@ -131,18 +131,23 @@ class OutputProcessor:
         return child.request.seqs[0].seq_id
 
     # -- outputs -----------------------------------------------------------------------------------
+    def mark_scheduled(self, out, now: float) -> None:
+        """Queue time ends when a request is first scheduled (stamped before its forward runs)."""
+        if not self.unscheduled:
+            return
+        engine = self.engine
+        for sid in out.seq_ids.tolist():
+            seq = engine.seqs.get(sid)
+            if seq is not None and seq.request.request_id in self.unscheduled:
+                self.unscheduled.discard(seq.request.request_id)
+                seq.request.metrics.on_scheduled(now)
+                info = engine.scheduler.get_sequence(sid)
+                seq.request.metrics.num_cached_tokens = max(0, info.num_cached_tokens) if info else 0
+
     def process(self, out, all_rows: list[SequenceState], sampled: np.ndarray, sampler_output,
                 result) -> list[RequestOutput]:
         now = time.time()
         engine = self.engine
-        if self.unscheduled:
-            for sid in out.seq_ids.tolist():
-                seq = engine.seqs.get(sid)
-                if seq is not None and seq.request.request_id in self.unscheduled:
-                    self.unscheduled.discard(seq.request.request_id)
-                    seq.request.metrics.on_scheduled(now)
-                    info = engine.scheduler.get_sequence(sid)
-                    seq.request.metrics.num_cached_tokens = max(0, info.num_cached_tokens) if info else 0
         finished = {}
         if len(result.finished_seq_ids):
             finished = dict(zip(result.finished_seq_ids.tolist(),
@@ -153,12 +158,12 @@ class OutputProcessor:
                                   sampler_output.sampled_token_ranks, [s.params.logprobs for s in all_rows],
                                   self.decode_token)
         touched: dict[str, RequestState] = {}
+        tokens_per_request: dict[str, int] = {}
         tokens = sampled.tolist()
         for j, seq in enumerate(all_rows):
             token = tokens[j]
             req = seq.request
             seq.output_token_ids.append(token)
-            req.metrics.on_tokens(now)
             if dicts is not None and dicts[j] is not None:
                 seq.logprobs.append(dicts[j])
                 seq.cumulative_logprob += dicts[j][token].logprob
@@ -186,8 +191,10 @@ class OutputProcessor:
                 if stopped_by_token and token in (seq.params.stop_token_ids or ()):
                     seq.stop_reason = token
             touched[req.request_id] = req
+            tokens_per_request[req.request_id] = tokens_per_request.get(req.request_id, 0) + 1
         outputs = []
         for req in touched.values():
+            req.metrics.on_tokens(now, tokens_per_request[req.request_id])
             if req.finished:
                 req.metrics.on_finished(now)
                 engine.requests.pop(req.request_id, None)
