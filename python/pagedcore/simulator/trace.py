@@ -69,6 +69,7 @@ class _Step:
         self.preempted: list = []
         self.finished: list = []
         self.swap_tables: dict[int, list[int]] = {}
+        self.allocating: set[int] = set()      # sequences that were given blocks (their tables changed)
 
 
 class StepTracer:
@@ -90,7 +91,8 @@ class StepTracer:
 
         # Tables after allocation, prefix hits and CoW: the scheduler hands them to the runner anyway.
         scheduled, tables = [], {}
-        rows = out.block_tables.tolist()
+        bt = out.block_tables                       # [num_seqs, max_num_blocks_per_seq], -1 padded
+        lengths = (bt >= 0).sum(axis=1).tolist() if bt.size else [0] * out.num_seqs
         for i, (sid, n, c) in enumerate(zip(out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(),
                                             out.num_computed_tokens.tolist())):
             seq = st.seqs.get(sid)
@@ -100,12 +102,13 @@ class StepTracer:
                     RECOMPUTE if seq["num_tokens"] > seq["num_prompt_tokens"] else PREFILL)
             scheduled.append([sid, n, c, kind, 0])
             seq["num_computed_tokens"] = c + n
-            table = rows[i]
-            while table and table[-1] < 0:
-                table.pop()
-            if table != seq["block_table"]:
-                tables[str(sid)] = table_delta(seq["block_table"], table)
-                seq["block_table"] = table
+            # A table changes only where this step allocated for the sequence (new blocks, CoW, prefix
+            # hits, swap-in): read just those rows, the step's cost stays O(changes).
+            if lengths[i] != len(seq["block_table"]) or sid in acc.allocating:
+                table = bt[i, :lengths[i]].tolist()
+                if table != seq["block_table"]:
+                    tables[str(sid)] = table_delta(seq["block_table"], table)
+                    seq["block_table"] = table
         for sid in out.sample_seq_ids.tolist():   # update() appends one token to every sampled row
             seq = st.seqs.get(sid)
             if seq is not None:
@@ -164,6 +167,7 @@ class StepTracer:
             if etype == ALLOCATE:
                 st.ref[a], st.owner[a] = 1, sid
                 acc.blocks.add(a)
+                acc.allocating.add(sid)
                 acc.events["allocated"].append([a, sid])
             elif etype == FREE:
                 st.ref[a] = b
@@ -172,6 +176,7 @@ class StepTracer:
             elif etype == PREFIX_HIT:
                 st.ref[a] = b
                 acc.blocks.add(a)
+                acc.allocating.add(sid)
                 acc.events["prefix_hits"].append([a, sid, b])
                 seq = st.seqs.get(sid)
                 if seq is not None and seq["num_preemptions"] == 0 and seq["status"] == "waiting":
