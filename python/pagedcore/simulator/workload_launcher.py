@@ -12,6 +12,7 @@ from fastapi import HTTPException
 logger = logging.getLogger(__name__)
 
 MAX_REQUESTS = 512
+FIRST_TOKEN_TIMEOUT_S = 120.0
 _SYSTEM_SENTENCE = ("You are a helpful assistant of the pagedcore inference engine. Answer briefly and "
                     "precisely, and say which scheduler step you would be in. ")
 _QUESTIONS = ("What is a KV block?", "Why share a prefix?", "What is continuous batching?",
@@ -55,16 +56,26 @@ async def launch_workload(state, body: dict) -> dict:
             logger.warning("workload %d stopped after %d requests: %s", batch, i, error)
             break
         request_ids.append(request_id)
-        task = asyncio.create_task(_consume(stream))
+        first = None
+        if i == 0 and num_requests > 1:
+            # The first request's prompt blocks enter the prefix cache when its prefill ends: the rest,
+            # sent after its first token, find the shared system prompt there (admitted in the same
+            # step, they would all compute it).
+            try:
+                first = await asyncio.wait_for(stream.__anext__(), FIRST_TOKEN_TIMEOUT_S)
+            except (asyncio.TimeoutError, StopAsyncIteration, Exception) as error:
+                logger.info("workload %d: no first token from its first request (%s)", batch, error)
+        task = asyncio.create_task(_consume(stream, done=first is not None and first.finished))
         _in_flight.add(task)
         task.add_done_callback(_in_flight.discard)
     return {"request_ids": request_ids, "num_prompt_tokens_max": longest, "max_tokens": max_tokens}
 
 
-async def _consume(stream) -> None:
+async def _consume(stream, done: bool = False) -> None:
     try:
         async with stream:
-            async for _ in stream:
-                pass
+            if not done:
+                async for _ in stream:
+                    pass
     except Exception as error:   # this request failed; the page shows it from the trace
         logger.info("workload request %s failed: %s", stream.request_id, error)
