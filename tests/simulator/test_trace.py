@@ -138,3 +138,36 @@ def test_finished_requests_carry_ttft_and_tpot():
 def test_tracer_refuses_an_untraced_scheduler():
     with pytest.raises(ValueError, match="enable_trace"):
         StepTracer(make(trace=False))
+
+
+def test_a_subscriber_that_falls_behind_restarts_from_a_snapshot():
+    import asyncio
+
+    s = make(num_blocks=64)
+    recorder = TraceRecorder(max_pending=3)
+    recorder.start(StepTracer(s))
+    for i in range(4):
+        s.add_sequence(i, list(range(100 + i, 120 + i)), max_tokens=40, ignore_eos=True)
+
+    def steps(n):
+        for _ in range(n):
+            out = s.schedule()
+            recorder.on_step(out, s.update(np.full(len(out.sample_seq_ids), 7)), {"total": 0.001})
+
+    loop = asyncio.new_event_loop()
+    try:
+        sub, first = recorder.subscribe(loop)
+        assert first["kind"] == "snapshot" and first["history"] == []
+        steps(2)
+        lines = recorder.drain(sub)
+        assert [json.loads(x)["step"] for x in lines] == [1, 2]
+        steps(10)
+        (again,) = recorder.drain(sub)            # more than max_pending came: one fresh snapshot instead
+        snap = json.loads(again)
+        assert snap["kind"] == "snapshot" and snap["step"] == 12 and len(snap["history"]) == 12
+        assert KVState.from_snapshot(snap).digest() == recorder.tracer.state.digest()
+        recorder.unsubscribe(sub)
+        steps(1)
+        assert recorder.drain(sub) == []
+    finally:
+        loop.close()
