@@ -30,11 +30,13 @@ std::atomic<int64_t> g_items_per_thread{kDefaultItemsPerThread};
 std::string str(int64_t v) { return std::to_string(v); }
 
 Status check(const PagedAttentionParams& p) {
-  if (!p.out || !p.query || !p.key_cache || !p.value_cache || !p.block_tables || !p.seq_lens ||
-      !p.query_start_loc)
-    return Status::invalid("paged_attention: a data pointer is null");
   if (p.num_seqs < 0 || p.num_tokens < 0 || p.num_blocks < 0 || p.max_blocks_per_seq < 0)
     return Status::invalid("paged_attention: negative size");
+  // Empty tensors may have null data: demand a pointer only where it will be read.
+  if (!p.query_start_loc || (p.num_seqs > 0 && !p.seq_lens) ||
+      (p.num_seqs > 0 && p.max_blocks_per_seq > 0 && !p.block_tables) ||
+      (p.num_tokens > 0 && (!p.out || !p.query)) || (p.num_blocks > 0 && (!p.key_cache || !p.value_cache)))
+    return Status::invalid("paged_attention: a data pointer is null");
   if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0)
     return Status::invalid("paged_attention: num_heads (" + str(p.num_heads) +
                            ") must be a positive multiple of num_kv_heads (" + str(p.num_kv_heads) + ")");

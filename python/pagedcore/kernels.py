@@ -217,7 +217,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     if max_query_len < -1 or max_seq_len < -1:
         raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
     num_tokens, num_seqs = qshape[0], bshape[0]
-    if num_tokens == 0 or num_seqs == 0:
+    if num_tokens == 0:
         return
     if not _HAS_CPU_KERNELS:
         _reference.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,

@@ -52,6 +52,8 @@ def test_valid_call_passes():
     (dict(seq_lens=torch.tensor([33, 5], dtype=torch.int32)), IndexError, r"block_tables\[0, 2\] = -1"),
     (dict(block_tables=torch.tensor([[0, 8, -1], [2, -1, -1]], dtype=torch.int32)), IndexError, "outside"),
     (dict(key_cache=[1, 2]), TypeError, "torch.Tensor"),
+    (dict(block_tables=torch.zeros(0, 3, dtype=torch.int32), seq_lens=torch.zeros(0, dtype=torch.int32),
+          query_start_loc=torch.zeros(1, dtype=torch.int32)), ValueError, "query has 3 rows"),
 ])
 def test_paged_attention_misuse(override, exc, match):
     with pytest.raises(exc, match=match):
