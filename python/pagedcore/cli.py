@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     try:
+        from pagedcore.simulator.cli import add_simulate_parser
+        add_simulate_parser(sub)
+    except ImportError:
+        pass
+    try:
         from pagedcore.benchmarks.cli import add_bench_parser
         add_bench_parser(sub)
     except ImportError:

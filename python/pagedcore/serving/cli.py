@@ -61,6 +61,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="log level of the HTTP server (default info, which logs every request)")
     g.add_argument("--enable-trace", action="store_true",
                    help="record the engine's per-step trace (for the live simulator page)")
+    g.add_argument("--trace-file", default=None, metavar="FILE",
+                   help="also write the per-step trace as JSONL to FILE (implies --enable-trace); "
+                        "the simulator page can replay it")
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -91,6 +94,7 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--max-queued-requests must be >= 1, got {args.max_queued_requests}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    args.enable_trace = args.enable_trace or bool(args.trace_file)
     config = engine_config_from_args(args, model=model, enable_trace=args.enable_trace)
     state = ServerState(served_model_names=served_names(args, model),
                         max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key))

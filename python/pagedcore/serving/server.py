@@ -131,7 +131,7 @@ def _trace_recorder(args):
     except ImportError as error:
         logger.warning("--enable-trace: the simulator is not available (%s); tracing in the engine only", error)
         return None
-    return TraceRecorder()
+    return TraceRecorder(trace_file=getattr(args, "trace_file", None))
 
 
 async def _load_in_thread(config: EngineConfig) -> LLMEngine:
