@@ -32,7 +32,7 @@ test-cpp:
 	ctest --test-dir build/cpp --output-on-failure
 
 test-py: build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not gpu and not multi_gpu"
 
 test: build test-cpp test-py
 
