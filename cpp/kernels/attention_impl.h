@@ -41,11 +41,13 @@ inline R load_f(const uint16_t* p) { return V::load_bf16(p); }
 
 // S[m + i, s_col + j] = Qs[m + i, :] . K[j, :] for i < MR, j < n; K fp32 or bf16 (widened here).
 //   Qs [*, D] row stride D;  K [n, D] row stride D;  S [*, s_stride]
-// Register tile: MR rows x 2 keys; horizontal sums 4 at a time (two rows x two keys).
-template <int MR, int kD, typename T>
+// Register tile: MR rows x NR keys, MR * NR (8 or 9) independent FMA chains to cover the FMA
+// latency; horizontal sums 4 accumulators at a time.
+template <int MR, int NR, int kD, typename T>
 inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n, int64_t D_rt,
                     int64_t s_stride, int64_t s_col) {
   const int64_t D = kD ? kD : D_rt;
+  constexpr int kAcc = MR * NR;
   const float* q[MR];
   float* s[MR];
   for (int i = 0; i < MR; ++i) {
@@ -53,37 +55,52 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
     s[i] = S + (m + i) * s_stride + s_col;
   }
   int64_t j = 0;
-  for (; j + 2 <= n; j += 2) {
+  for (; j + NR <= n; j += NR) {
     const T* k = K + j * D;
-    R acc[MR][2];
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::zero();
+    R acc[kAcc + 3];
+#pragma GCC unroll 16
+    for (int a = 0; a < kAcc + 3; ++a) acc[a] = V::zero();
     for (int64_t c = 0; c < D; c += W) {
-      const R y0 = load_f(k + c);
-      const R y1 = load_f(k + D + c);
+      R x[MR];
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const R x = V::load(q[i] + c);
-        acc[i][0] = V::fmadd(x, y0, acc[i][0]);
-        acc[i][1] = V::fmadd(x, y1, acc[i][1]);
+      for (int i = 0; i < MR; ++i) x[i] = V::load(q[i] + c);
+#pragma GCC unroll 8
+      for (int t = 0; t < NR; ++t) {
+        const R y = load_f(k + t * D + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i * NR + t] = V::fmadd(x[i], y, acc[i * NR + t]);
       }
     }
-    float sums[4];
+    if constexpr (NR % 4 == 0) {  // four keys of one row: one contiguous store
 #pragma GCC unroll 4
-    for (int i = 0; i + 1 < MR; i += 2) {
-      V::reduce_add4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1], sums);
-      s[i][j] = sums[0];
-      s[i][j + 1] = sums[1];
-      s[i + 1][j] = sums[2];
-      s[i + 1][j + 1] = sums[3];
-    }
-    if (MR % 2) {
-      V::reduce_add4(acc[MR - 1][0], acc[MR - 1][1], V::zero(), V::zero(), sums);
-      s[MR - 1][j] = sums[0];
-      s[MR - 1][j + 1] = sums[1];
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int t = 0; t < NR; t += 4)
+          V::reduce_add4(acc[i * NR + t], acc[i * NR + t + 1], acc[i * NR + t + 2], acc[i * NR + t + 3],
+                         s[i] + j + t);
+    } else if constexpr (NR == 2) {  // two keys of two rows
+      float sums[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i += 2) {
+        V::reduce_add4(acc[i * 2], acc[i * 2 + 1], acc[i * 2 + 2], acc[i * 2 + 3], sums);  // acc[MR*2..] = 0
+        s[i][j] = sums[0];
+        s[i][j + 1] = sums[1];
+        if (i + 1 < MR) {
+          s[i + 1][j] = sums[2];
+          s[i + 1][j + 1] = sums[3];
+        }
+      }
+    } else {
+      float sums[kAcc + 3];
+#pragma GCC unroll 4
+      for (int a = 0; a < kAcc; a += 4) V::reduce_add4(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], sums + a);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int t = 0; t < NR; ++t) s[i][j + t] = sums[i * NR + t];
     }
   }
-  if (j < n) {
+  for (; j < n; ++j) {
     const T* k = K + j * D;
     R acc[MR];
     for (int i = 0; i < MR; ++i) acc[i] = V::zero();
@@ -99,8 +116,8 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
 // acc[m + i, :] = acc[m + i, :] (* alpha[m + i] when alpha) + sum_j P[m + i, p_col + j] * Vb[j, :]
 // for i < MR, j < n; Vb fp32 or bf16 (widened here).
 //   P [*, s_stride];  Vb [n, D] row stride D;  acc [*, D]
-// Register tile: MR rows x 2 vectors of head_size.
-template <int MR, int kD, typename T>
+// Register tile: MR rows x NV vectors of head_size (MR * NV = 8 FMA chains), then single vectors.
+template <int MR, int NV, int kD, typename T>
 inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha, int64_t m, int64_t n,
                     int64_t D_rt, int64_t s_stride, int64_t p_col) {
   const int64_t D = kD ? kD : D_rt;
@@ -113,34 +130,32 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
     scale[i] = V::set1(alpha ? alpha[m + i] : 1.f);
   }
   int64_t c = 0;
-  for (; c + 2 * W <= D; c += 2 * W) {
-    R r[MR][2];
+  for (; c + NV * W <= D; c += NV * W) {
+    R r[MR][NV];
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      r[i][0] = V::load(a[i] + c);
-      r[i][1] = V::load(a[i] + c + W);
-      if (alpha) {
-        r[i][0] = V::mul(r[i][0], scale[i]);
-        r[i][1] = V::mul(r[i][1], scale[i]);
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) {
+        r[i][u] = V::load(a[i] + c + u * W);
+        if (alpha) r[i][u] = V::mul(r[i][u], scale[i]);
       }
-    }
     for (int64_t j = 0; j < n; ++j) {
-      const R v0 = load_f(Vb + j * D + c);
-      const R v1 = load_f(Vb + j * D + c + W);
+      R v[NV];
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) v[u] = load_f(Vb + j * D + c + u * W);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
         const R pj = V::set1(p[i][j]);
-        r[i][0] = V::fmadd(pj, v0, r[i][0]);
-        r[i][1] = V::fmadd(pj, v1, r[i][1]);
+#pragma GCC unroll 4
+        for (int u = 0; u < NV; ++u) r[i][u] = V::fmadd(pj, v[u], r[i][u]);
       }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      V::store(a[i] + c, r[i][0]);
-      V::store(a[i] + c + W, r[i][1]);
-    }
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) V::store(a[i] + c + u * W, r[i][u]);
   }
-  if (c < D) {  // head_size / W is odd: one vector left
+  for (; c < D; c += W) {  // head_size not a multiple of NV * W: the rest one vector at a time
     R r[MR];
     for (int i = 0; i < MR; ++i) r[i] = alpha ? V::mul(V::load(a[i] + c), scale[i]) : V::load(a[i] + c);
     for (int64_t j = 0; j < n; ++j) {
@@ -225,25 +240,26 @@ inline void prefetch_plane(const void* base, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
-// Runtime row count (1..4) to the register-tile template.
+// Runtime row count (1..4) to the register-tile template: QK tiles of 1x8, 2x4, 3x2, 4x2 keys;
+// PV tiles of 1x4, 2x4, 3x2, 4x2 vectors.
 template <int kD, typename T>
 struct Tiles {
   static void qk(int mr, const float* Qs, const T* K, float* S, int64_t m, int64_t n, int64_t D,
                  int64_t s_stride, int64_t col) {
     switch (mr) {
-      case 4: qk_rows<4, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      case 3: qk_rows<3, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      case 2: qk_rows<2, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      default: qk_rows<1, kD>(Qs, K, S, m, n, D, s_stride, col); break;
+      case 4: qk_rows<4, 2, kD>(Qs, K, S, m, n, D, s_stride, col); break;
+      case 3: qk_rows<3, 2, kD>(Qs, K, S, m, n, D, s_stride, col); break;
+      case 2: qk_rows<2, 4, kD>(Qs, K, S, m, n, D, s_stride, col); break;
+      default: qk_rows<1, 8, kD>(Qs, K, S, m, n, D, s_stride, col); break;
     }
   }
   static void pv(int mr, const float* P, const T* Vb, float* acc, const float* alpha, int64_t m, int64_t n,
                  int64_t D, int64_t s_stride, int64_t col) {
     switch (mr) {
-      case 4: pv_rows<4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      case 3: pv_rows<3, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      case 2: pv_rows<2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      default: pv_rows<1, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
+      case 4: pv_rows<4, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
+      case 3: pv_rows<3, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
+      case 2: pv_rows<2, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
+      default: pv_rows<1, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
     }
   }
 };
