@@ -4,17 +4,18 @@
 // function (see attention_kernel.h for why).
 //
 // One work item = a tile of M = rows x group query vectors (all query heads of one kv head for a
-// few query rows) against the keys of one sequence, block by block, with an online softmax:
+// few query rows) against the keys of one sequence, a chunk of whole blocks (~64 keys) at a time,
+// with an online softmax:
 //
-//   for each K/V block b of the item's key range (block_size keys, head_size each):
-//     S[M, n]  = Qs[M, D] . K_b[n, D]^T        (Qs pre-scaled; dot products, 2 rows x 4 keys per
+//   for each chunk of K/V blocks in the item's key range (block_size keys of head_size each):
+//     S[M, n]  = Qs[M, D] . K[n, D]^T          (Qs pre-scaled; dot products, MR rows x NR keys per
 //                                              register tile, horizontal sums 4 at a time)
 //     per row: mask keys past the row's position, m' = max(m, max S), p = exp(S - m'),
 //              l = l * exp(m - m') + sum p
-//     acc[M, D] = acc * exp(m - m') + P[M, n] . V_b[n, D]   (4 rows x 2 vectors per register tile)
+//     acc[M, D] = acc * exp(m - m') + P[M, n] . V[n, D]   (MR rows x NV vectors per register tile)
 //
-// bf16 blocks are widened to fp32 into a per-thread buffer first (once per block, not per row);
-// fp32 blocks are read in place.
+// bf16 blocks are widened to fp32 in registers when a tile has at most 4 rows (decode), or once
+// per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including attention_impl.h"
 #endif
@@ -292,8 +293,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   float* Qs = scratch + layout.q;      // [M, D]
   float* acc = scratch + layout.acc;   // [M, D]
   float* S = scratch + layout.s;       // [M, s_stride]
-  float* Kst = scratch + layout.k;     // [BS, D]
-  float* Vst = scratch + layout.v;     // [BS, D]
+  float* Kst = scratch + layout.k;     // [chunk keys, D] fp32 copy of a bf16 K chunk (prefill tiles)
+  float* Vst = scratch + layout.v;     // [chunk keys, D]
   float* m_run = scratch + layout.m;   // [M]
   float* l_run = scratch + layout.l;   // [M]
   float* alpha = scratch + layout.alpha;  // [M]
