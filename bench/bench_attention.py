@@ -36,12 +36,14 @@ peak: QK 40%, PV 32%, exp/softmax ~11%, bf16 widening ~6% of the time (perf).
 
 Threading (--threading): in the quietest run (load ~2.7), OpenMP sharing torch's team gave decode
 B=1 ctx=1024 47 us on 2 threads (73 us on 1) and GEMM -> attention -> GEMM cost 46 us more than its
-parts; the std::thread pool got no speedup (128 us on 2 threads vs 128 on 1: its worker competes
-with torch's spinning OpenMP worker) and the sequence cost 3.4 ms more than its parts. Under heavy
-load from other processes both torch's GEMMs and our OpenMP regions stall for whole 4 ms scheduler
-slices (libgomp's barrier spins while the thread it waits for is queued behind it); the pool, which
-yields after a short spin, degrades more gently. OpenMP stays the default: on a machine the engine
-has to itself it is the only choice that does not slow torch down.
+parts; the std::thread pool showed no 2-thread speedup in that run (128 us either way) and the
+sequence cost 3.4 ms more than its parts. Under heavy load from other processes, torch's GEMMs and
+our OpenMP regions both stall for whole 4 ms scheduler slices (libgomp's barrier spins while the
+thread it waits for is queued behind it); the pool, which yields after a short spin, degrades more
+gently, but then no second core is free for it either (an isolated 20 x 100 us task test split
+10/10 in 1 ms when a core was free, 18/2 in 2 ms when not). These runs were too noisy to settle the
+pool's own scaling; OpenMP stays the default because on a machine the engine has to itself it
+shares torch's one team and adds no threads of its own.
 """
 
 from __future__ import annotations
