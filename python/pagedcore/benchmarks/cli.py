@@ -97,6 +97,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF folder or .gguf file (default: the bundled model)")
     add_workload_args(p)
     p.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64, 256, 1024], help="GEMM row counts to time")
+    p.add_argument("--bandwidth-mib", type=int, default=512,
+                   help="buffer size for the bandwidth test (well above the caches)")
+    p.add_argument("--min-time", type=float, default=0.3, help="seconds to time each figure (best of repeats)")
     p.add_argument("--measured", nargs="*", default=[], metavar="LABEL=DTYPE:SECONDS",
                    help="measured walls to set against the floor, e.g. pagedcore-fp32=float32:80.1")
     p.add_argument("--output-json", default=None, help="write the result here")

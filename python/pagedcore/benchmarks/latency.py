@@ -93,8 +93,7 @@ def cmd_latency(args) -> int:
     single["breakdown"] = stats.breakdown(mid["steps"])
     decode = [decode_steps(engine, b, args.input_len, args.decode_steps, rng) for b in args.batch_sizes]
     bw = args.bandwidth_gbps or machine.measure_bandwidth(min_time=0.3)["copy_gbps"]
-    rate = args.gemm_gflops or machine.measure_ceilings(mc, rows=(256,), dtypes=(setup["dtype"],),
-                                                        min_time=0.2)["gemm_gflops"][setup["dtype"]]
+    rate = args.gemm_gflops or machine.peak_gemm_gflops(mc, setup["dtype"])
     cost = roofline.ModelCost.of(mc)
     bytes_per = 2 if setup["dtype"] == "bfloat16" else 4
     for d in decode:

@@ -82,6 +82,17 @@ def measure_gemm(shapes: list[tuple[int, int]], num_rows: int, dtype: torch.dtyp
         return flops / _best_seconds(run, min_time) / 1e9
 
 
+def model_linear_shapes(mc) -> list[tuple[int, int]]:
+    return linear_shapes(mc.hidden_size, mc.intermediate_size, mc.num_heads * mc.head_dim,
+                         mc.num_kv_heads * mc.head_dim)
+
+
+def peak_gemm_gflops(mc, dtype_name: str, rows=(256, 1024), min_time: float = 0.2) -> float:
+    """The floor's rate: torch's best GFLOP/s over large row counts at the model's layer shapes."""
+    dtype = getattr(torch, dtype_name)
+    return max(measure_gemm(model_linear_shapes(mc), m, dtype, min_time) for m in rows)
+
+
 def measure_bandwidth(num_bytes: int = 512 * 1024**2, min_time: float = 0.5) -> dict:
     """GB/s of a copy (bytes read + written, as the peer README counts it) and of a read-only sum."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
@@ -93,12 +104,11 @@ def measure_bandwidth(num_bytes: int = 512 * 1024**2, min_time: float = 0.5) -> 
 
 
 def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32", "bfloat16"),
-                     min_time: float = 0.3) -> dict:
+                     min_time: float = 0.3, bandwidth_bytes: int = 512 * 1024**2) -> dict:
     """GEMM GFLOP/s per dtype and row count at the model's layer shapes and its lm_head; memory bandwidth.
     'gemm_gflops' (the floor's rate) is the best over row counts >= 256, where GEMMs are compute-bound."""
     mc = model_config
-    shapes = linear_shapes(mc.hidden_size, mc.intermediate_size, mc.num_heads * mc.head_dim,
-                           mc.num_kv_heads * mc.head_dim)
+    shapes = model_linear_shapes(mc)
     lm_head = [(mc.hidden_size, mc.vocab_size)]
     result = {"gemm": {}, "lm_head_gemm": {}, "gemm_gflops": {}}
     for name in dtypes:
@@ -108,7 +118,7 @@ def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32
         result["lm_head_gemm"][name] = {m: measure_gemm(lm_head, m, dtype, min_time) for m in (1, 64)}
         result["gemm_gflops"][name] = max(v for m, v in per_rows.items() if m >= 256) if max(rows) >= 256 \
             else max(per_rows.values())
-    result["bandwidth"] = measure_bandwidth()
+    result["bandwidth"] = measure_bandwidth(bandwidth_bytes, min_time)
     return result
 
 

