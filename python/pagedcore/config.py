@@ -53,7 +53,8 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None  # force the number of KV blocks (tests, simulations)
     num_threads: int | None = None           # torch and kernel threads; None = all cores
     seed: int = 0                            # seed of the global sampling generator
-    device: str = "cpu"
+    device: str = "cpu"                      # cpu | cuda[:N]
+    gpu_memory_utilization: float = 0.9      # on a GPU: share of its memory for weights, activations and KV cache
     enable_trace: bool = False               # per-step engine trace (the live simulator)
     max_logprobs: int = 20                   # the largest logprobs / prompt_logprobs a request may ask for
 
@@ -83,6 +84,8 @@ class EngineConfig:
             fail("scheduling_policy", "'fcfs' or 'priority'")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             fail("device", "'cpu' or 'cuda[:N]'")
+        if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
+            fail("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.kv_cache_memory is not None:
             parse_memory_size(self.kv_cache_memory)
         if parse_memory_size(self.swap_space) is None:

@@ -131,3 +131,20 @@ def test_stop_strings_abort_and_errors(tiny_llama):
     final = engine.abort_request("a")
     assert final.finished and final.outputs[0].finish_reason == "abort"
     assert engine.scheduler.stats().num_free_blocks == engine.scheduler.config.num_gpu_blocks
+
+
+def test_profile_forward_runs_the_largest_step(tiny_llama):
+    """The GPU KV-cache sizing profiles a forward of max_num_batched_tokens; its batch layout is
+    exercised here on the CPU (the same code runs on the GPU)."""
+    from pagedcore.engine import kv_cache as kvc
+    from pagedcore.engine.model_runner import ModelRunner
+
+    _, folder = tiny_llama
+    llm = LLM(folder, max_model_len=64, max_num_batched_tokens=150, num_gpu_blocks_override=32)
+    engine = llm.llm_engine
+    spec = engine.kv_cache_spec
+    seq_len, num_tokens = 64, 150
+    num_seqs = -(-num_tokens // seq_len)
+    scratch = kvc.allocate(spec, num_seqs * -(-seq_len // spec.block_size))
+    ModelRunner(engine.loaded.model, scratch, None).profile_forward(num_tokens, num_seqs, seq_len, 8)
+    assert torch.isfinite(scratch[:, :, : -(-num_tokens // spec.block_size)].float()).any()

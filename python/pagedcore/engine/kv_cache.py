@@ -90,7 +90,37 @@ def describe(spec: KVCacheSpec, num_blocks: int, budget_bytes: int | None = None
     return text
 
 
-def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu") -> torch.Tensor:
+def gpu_kv_cache_budget(config: EngineConfig, spec: KVCacheSpec, model: torch.nn.Module) -> int:
+    """Bytes for the KV cache on a GPU: gpu_memory_utilization of its memory, minus the peak of a
+    profiled forward of the largest step (weights + activations + logits), as vLLM sizes it."""
+    from pagedcore.engine.model_runner import ModelRunner
+
+    device = torch.device(config.device)
+    num_tokens = config.max_num_batched_tokens
+    seq_len = min(num_tokens, config.max_model_len)
+    num_seqs = -(-num_tokens // seq_len)
+    scratch = allocate(spec, num_seqs * -(-seq_len // spec.block_size), device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    ModelRunner(model, scratch, None, device).profile_forward(num_tokens, num_seqs, seq_len,
+                                                              min(config.max_num_seqs, num_tokens))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - scratch.numel() * scratch.element_size()
+    del scratch
+    torch.cuda.empty_cache()
+    _, total = torch.cuda.mem_get_info(device)
+    budget = int(total * config.gpu_memory_utilization) - peak
+    logger.info("GPU memory: %.2f GiB total x %.2f utilization - %.2f GiB peak of a profiled %d-token step "
+                "= %.2f GiB for the KV cache", total / GiB, config.gpu_memory_utilization, peak / GiB,
+                num_tokens, budget / GiB)
+    if budget <= 0:
+        raise ValueError(f"no GPU memory left for the KV cache (peak {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB); "
+                         "raise --gpu-memory-utilization or lower --max-num-batched-tokens")
+    return budget
+
+
+def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu",
+             pin_memory: bool = False) -> torch.Tensor:
     """Uninitialised on purpose: every slot a kernel reads was written first (positions < seq_len),
     and not touching the pages keeps start-up fast and memory committed only as it is used."""
-    return torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device)
+    return torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)

@@ -46,11 +46,15 @@ class LLMEngine:
         self.eos_token_ids = list(mc.eos_token_ids)
 
         spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)
+        on_gpu = torch.device(config.device).type == "cuda"
+        if on_gpu:
+            loaded.model.to(config.device)
         budget = None
         if config.num_gpu_blocks_override:
             num_blocks = config.num_gpu_blocks_override
         else:
-            budget = kvc.cpu_kv_cache_budget(config)
+            budget = (kvc.gpu_kv_cache_budget(config, spec, loaded.model) if on_gpu
+                      else kvc.cpu_kv_cache_budget(config))
             num_blocks = kvc.num_blocks_for(spec, budget)
             if num_blocks * config.block_size < config.max_model_len:
                 raise ValueError(
@@ -65,7 +69,8 @@ class LLMEngine:
         self.kv_cache_description = kvc.describe(spec, num_blocks, budget)
         logger.info(self.kv_cache_description)
         kv_cache = kvc.allocate(spec, num_blocks, config.device)
-        cpu_kv_cache = kvc.allocate(spec, num_cpu_blocks, "cpu") if num_cpu_blocks else None
+        # Pinned on a GPU machine, so swaps are asynchronous copies.
+        cpu_kv_cache = kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=on_gpu) if num_cpu_blocks else None
 
         self.scheduler = _core.Scheduler(_core.SchedulerConfig(
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
@@ -138,7 +143,7 @@ class LLMEngine:
     def _new_seq(self, req: RequestState, index: int, params: SamplingParams) -> SequenceState:
         seq = SequenceState(
             seq_id=next(self._seq_ids), index=index, request=req, params=params,
-            generator=make_generator(params),
+            generator=make_generator(params, self.config.device),
             detokenizer=self.output_processor.make_detokenizer(req, params),
             stop_checker=self.output_processor.make_stop_checker(params),
             logprobs=[] if params.logprobs is not None else None,

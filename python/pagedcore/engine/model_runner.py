@@ -31,7 +31,31 @@ class ModelRunner:
         if len(out.blocks_to_swap_in):
             kernels.swap_blocks(self.cpu_kv_cache, self.kv_cache, torch.from_numpy(out.blocks_to_swap_in))
         if len(out.blocks_to_copy):
-            kernels.copy_blocks(self.kv_cache, self._tensor(out.blocks_to_copy))
+            # On the host: the copy kernels check the ids and order dependent rows there.
+            kernels.copy_blocks(self.kv_cache, torch.from_numpy(out.blocks_to_copy))
+
+    @torch.inference_mode()
+    def profile_forward(self, num_tokens: int, num_seqs: int, seq_len: int, num_logits_rows: int) -> None:
+        """A dummy forward of the largest step (num_seqs sequences of seq_len tokens, num_tokens in all)
+        through a scratch KV cache, then logits for num_logits_rows rows: its peak memory is what
+        the KV cache must leave free. Caller provides a kv_cache big enough for the blocks used."""
+        block_size = self.kv_cache.shape[4]
+        blocks_per_seq = -(-seq_len // block_size)
+        positions = torch.arange(seq_len).repeat(num_seqs)[:num_tokens]                  # [num_tokens]
+        seq_of_token = torch.arange(num_seqs).repeat_interleave(seq_len)[:num_tokens]    # [num_tokens]
+        block_tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32).view(num_seqs, blocks_per_seq)
+        slot_mapping = (block_tables[seq_of_token, positions // block_size].long() * block_size
+                        + positions % block_size)
+        lens = torch.bincount(seq_of_token, minlength=num_seqs).to(torch.int32)          # [num_seqs]
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int32)
+        query_start_loc[1:] = lens.cumsum(0)
+        attn_metadata = AttentionMetadata(
+            slot_mapping=slot_mapping.to(self.device), block_tables=block_tables.to(self.device),
+            seq_lens=lens.to(self.device), query_start_loc=query_start_loc.to(self.device),
+            max_query_len=int(lens.max()), max_seq_len=int(lens.max()))
+        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, positions.to(self.device), self.kv_cache, attn_metadata)
+        self.model.compute_logits(hidden[:num_logits_rows])
 
     @torch.inference_mode()
     def execute(self, out, extra_logits_rows: np.ndarray | None = None) -> torch.Tensor:
@@ -55,7 +79,8 @@ class ModelRunner:
             rows = np.concatenate([rows, extra_logits_rows])
         if len(rows) == 0:
             return torch.empty(0, 0)
-        if len(rows) == out.num_tokens and np.array_equal(rows, np.arange(out.num_tokens)):
+        if len(rows) == out.num_tokens and rows[0] == 0 and rows[-1] == out.num_tokens - 1 \
+                and np.array_equal(rows, np.arange(out.num_tokens)):
             sampled_hidden = hidden                             # all-decode step: no gather needed
         else:
             sampled_hidden = hidden.index_select(0, self._tensor(rows))  # [num_rows, hidden]

@@ -83,7 +83,7 @@ class OutputProcessor:
             offset += hi - lo
             if len(req.prompt_logprobs) != lo + 1:               # recomputed after a preemption: have it already
                 continue
-            targets = torch.as_tensor(req.prompt_token_ids[lo + 1:hi + 1], dtype=torch.long)
+            targets = torch.as_tensor(req.prompt_token_ids[lo + 1:hi + 1], dtype=torch.long, device=chunk.device)
             n = req.params.prompt_logprobs
             ids, values, ranks = gather_logprobs(chunk.float().log_softmax(-1), targets, n)
             req.prompt_logprobs.extend(logprob_dicts(ids, values, ranks, [n] * (hi - lo), self.decode_token))
@@ -114,18 +114,18 @@ class OutputProcessor:
         if fork_rows:
             parent_row = {s.seq_id: i for i, s in enumerate(rows)}
             index = list(range(len(rows))) + [parent_row[self._parent_of(c)] for c in fork_rows]
-            logits = logits.index_select(0, torch.as_tensor(index))   # [num_samples + num_forks, vocab]
+            logits = logits.index_select(0, torch.as_tensor(index, device=logits.device))  # [samples + forks, vocab]
         if all(_plain_greedy(s.params) for s in all_rows):
-            return logits.argmax(dim=-1).numpy(), None, logits
+            return logits.argmax(dim=-1).cpu().numpy(), None, logits
         md = SamplingMetadata.from_requests(
             [s.params for s in all_rows], vocab_size=logits.shape[1],
             eos_token_ids=self.engine.eos_token_ids,
             prompt_token_ids=[s.request.prompt_token_ids for s in all_rows],
             output_token_ids=[s.output_token_ids for s in all_rows],
             generators=[s.generator for s in all_rows],
-            num_output_tokens=[len(s.output_token_ids) for s in all_rows])
+            num_output_tokens=[len(s.output_token_ids) for s in all_rows], device=logits.device)
         sampler_output = self.engine.sampler(logits, md)
-        return sampler_output.sampled_token_ids.numpy(), sampler_output, logits
+        return sampler_output.sampled_token_ids.cpu().numpy(), sampler_output, logits
 
     def _parent_of(self, child: SequenceState) -> int:
         return child.request.seqs[0].seq_id

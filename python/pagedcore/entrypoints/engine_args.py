@@ -30,6 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="order of service: arrival, or the request's priority (lower first) then arrival")
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size: bytes, a size like 4GiB, or a fraction of available memory (default 4GiB, at most 40%%)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA needs a build with the CUDA kernels)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="on a GPU: the share of its memory for weights, activations and the KV cache")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch and the kernels (default: all cores)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator for unseeded requests")
     g.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
@@ -43,6 +46,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         scheduling_policy=args.scheduling_policy, kv_cache_memory=args.kv_cache_memory,
-        num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs)
+        num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs, device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization)
     fields.update(overrides)
     return EngineConfig(**fields)
