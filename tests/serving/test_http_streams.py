@@ -55,7 +55,10 @@ def test_a_streaming_client_that_disconnects_frees_its_blocks(http_server):
     with httpx.Client(timeout=120) as client:
         with client.stream("POST", url + "/v1/completions", json=body) as response:
             assert response.status_code == 200
-            for line in response.iter_lines():
+            # Keep the iterator referenced: a discarded httpx line iterator closes the connection,
+            # which would abort the request before the metrics below are read.
+            lines = response.iter_lines()
+            for line in lines:
                 if line.startswith("data: {"):
                     break     # the first token arrived: the request is running and holds blocks
             assert metric(url, "pagedcore:num_requests_running") == 1
