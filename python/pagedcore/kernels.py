@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from pagedcore import kernel_checks as checks
+from pagedcore.kernel_checks import NULL_BLOCK, PAD_SLOT  # noqa: F401  (re-exported)
+
 from pagedcore import kernels_reference as _reference
 
 try:
@@ -30,8 +33,6 @@ except ImportError:  # the extension is not built: the reference keeps model cod
 
 __all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks"]
 
-PAD_SLOT = -1
-NULL_BLOCK = -1
 MAX_HEAD_SIZE = 256
 
 # dtype codes shared with cpp/kernels/kernel_types.h (DType).
@@ -39,21 +40,12 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def _dtype_code(t: torch.Tensor, name: str) -> int:
-    code = _DTYPE_CODE.get(t.dtype)
-    if code is None:
-        raise TypeError(f"{name} has dtype {t.dtype}; the CPU kernels take torch.float32 or "
-                        f"torch.bfloat16 (cast with {name}.to(torch.bfloat16))")
-    return code
-
-
-def _check_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return checks.dtype_code(t, name, _DTYPE_CODE, "the CPU kernels")
 
 
 def _check_cpu(op: str, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
-        _check_tensor(t, name)
+        checks.check_tensor(t, name)
     devices = {t.device.type for t in tensors.values()}
     if devices == {"cpu"}:
         return
@@ -73,44 +65,6 @@ def _cuda_kernels(*tensors):
     from pagedcore import kernels_cuda  # imported on first use: CPU-only processes never load it
 
     return kernels_cuda if kernels_cuda.is_available() else None
-
-
-def _check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} (use {name}.to({dtype}))")
-    if t.dim() != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({length},)")
-    if length > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous (call {name}.contiguous())")
-
-
-def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    if key_cache.dim() != 4:
-        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected 4 dims "
-                         "[num_blocks, num_kv_heads, block_size, head_size] (kv_cache[layer, 0])")
-    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
-        raise ValueError(f"value_cache ({tuple(value_cache.shape)}, {value_cache.dtype}) must match "
-                         f"key_cache ({tuple(key_cache.shape)}, {key_cache.dtype})")
-    _dtype_code(key_cache, "key_cache")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous; pass kv_cache[layer, 0/1] of a contiguous "
-                             "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] tensor")
-
-
-def _check_rows(t: torch.Tensor, name: str, num_heads: int | None = None,
-                head_size: int | None = None) -> None:
-    """A [num_tokens, num_heads, head_size] activation: any strides but a unit last one."""
-    if t.dim() != 3:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [num_tokens, num_heads, head_size]"
-                         " (view a flat projection with .view(num_tokens, num_heads, head_size))")
-    if num_heads is not None and t.shape[1] != num_heads:
-        raise ValueError(f"{name} has {t.shape[1]} heads (shape {tuple(t.shape)}); expected {num_heads}")
-    if head_size is not None and t.shape[2] != head_size:
-        raise ValueError(f"{name} has head_size {t.shape[2]} (shape {tuple(t.shape)}); expected {head_size}")
-    if t.shape[2] > 1 and t.stride(2) != 1:
-        raise ValueError(f"{name} must have a unit stride in its last dim (strides {t.stride()}); "
-                         f"call {name}.contiguous()")
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -159,17 +113,18 @@ def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping
     """Raises the precise error for a call the fast path refused."""
     _check_cpu("reshape_and_cache", key=key, value=value, key_cache=key_cache,
                value_cache=value_cache, slot_mapping=slot_mapping)
-    _check_cache_pair(key_cache, value_cache)
+    checks.check_cache_pair(key_cache, value_cache)
+    _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    _check_rows(key, "key", num_kv_heads, head_size)
-    _check_rows(value, "value", num_kv_heads, head_size)
+    checks.check_rows(key, "key", num_kv_heads, head_size)
+    checks.check_rows(value, "value", num_kv_heads, head_size)
     num_tokens = key.shape[0]
     if value.shape[0] != num_tokens:
         raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
     if value.dtype != key.dtype:
         raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
     _dtype_code(key, "key")
-    _check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    checks.check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
     raise ValueError("reshape_and_cache: unsupported arguments (see the docstring for shapes and dtypes)")
 
 
@@ -235,15 +190,16 @@ def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, 
     """Raises the precise error for a call the fast path refused."""
     _check_cpu("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
                block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
-    _check_cache_pair(key_cache, value_cache)
+    checks.check_cache_pair(key_cache, value_cache)
+    _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    _check_rows(query, "query", None, head_size)
+    checks.check_rows(query, "query", None, head_size)
     num_tokens, num_heads, _ = query.shape
     _dtype_code(query, "query")
     if out.dtype != query.dtype:
         raise TypeError(f"out is {out.dtype} but query is {query.dtype}; allocate out with "
                         "torch.empty_like(query)")
-    _check_rows(out, "out", num_heads, head_size)
+    checks.check_rows(out, "out", num_heads, head_size)
     if out.shape[0] != num_tokens:
         raise ValueError(f"out has shape {tuple(out.shape)}; expected {tuple(query.shape)} like query")
     if num_heads % num_kv_heads != 0:
@@ -260,28 +216,13 @@ def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, 
     if not block_tables.is_contiguous():
         raise ValueError("block_tables must be contiguous (call block_tables.contiguous())")
     num_seqs = block_tables.shape[0]
-    _check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
-    _check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
+    checks.check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
+    checks.check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
     raise ValueError("paged_attention: unsupported arguments (see the docstring for shapes and dtypes)")
 
 
-def _check_kv_cache(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 6:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected "
-                         "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]")
-    if t.shape[1] != 2:
-        raise ValueError(f"{name} has {t.shape[1]} in dim 1; expected 2 (key, value)")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
-    _dtype_code(t, name)
-
-
 def _check_block_mapping(block_mapping: torch.Tensor) -> torch.Tensor:
-    if block_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"block_mapping has dtype {block_mapping.dtype}; expected torch.int32")
-    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
-                         "rows of (src, dst)")
+    checks.check_block_mapping(block_mapping)
     if block_mapping.dtype != torch.int32 or not block_mapping.is_contiguous():
         block_mapping = block_mapping.to(torch.int32).contiguous()  # a few rows: cheap
     return block_mapping
@@ -297,7 +238,8 @@ def copy_blocks(kv_cache, block_mapping) -> None:
     if cuda is not None:
         return cuda.copy_blocks(kv_cache, block_mapping)
     _check_cpu("copy_blocks", kv_cache=kv_cache, block_mapping=block_mapping)
-    _check_kv_cache(kv_cache, "kv_cache")
+    checks.check_kv_cache(kv_cache, "kv_cache")
+    _dtype_code(kv_cache, "kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return
@@ -323,8 +265,10 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
         return cuda.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
     _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
                block_mapping=block_mapping)
-    _check_kv_cache(src_kv_cache, "src_kv_cache")
-    _check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    checks.check_kv_cache(src_kv_cache, "src_kv_cache")
+    _dtype_code(src_kv_cache, "src_kv_cache")
+    checks.check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    _dtype_code(dst_kv_cache, "dst_kv_cache")
     if src_kv_cache.dtype != dst_kv_cache.dtype:
         raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
                         "both caches must have the same dtype")

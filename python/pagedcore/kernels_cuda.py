@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedcore import kernel_checks as checks
+from pagedcore.kernel_checks import NULL_BLOCK, PAD_SLOT  # noqa: F401  (re-exported)
+
 try:
     from pagedcore import _core
 except ImportError:  # the extension is not built
@@ -33,8 +36,6 @@ except ImportError:  # the extension is not built
 __all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks", "set_attention_tuning",
            "is_available", "NcclCommunicator", "nccl_library_path"]
 
-PAD_SLOT = -1
-NULL_BLOCK = -1
 HEAD_SIZES = (64, 128, 256)
 MAX_BLOCK_SIZE = 256
 
@@ -81,11 +82,6 @@ def set_attention_tuning(partition_size: int = 0, prefill: str = "auto", decode:
 
 # ---- checks ----
 
-def _check_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def _require_extension(op: str) -> None:
     if _core is None:
         raise RuntimeError(f"{op}: pagedcore._core is not built; run scripts/dev-build")
@@ -97,7 +93,7 @@ def _require_extension(op: str) -> None:
 def _check_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
     """All tensors on one CUDA device; returns it."""
     for name, t in tensors.items():
-        _check_tensor(t, name)
+        checks.check_tensor(t, name)
     off = [f"{name} on {t.device}" for name, t in tensors.items() if t.device.type != "cuda"]
     if off:
         raise ValueError(f"{op}: the CUDA kernels take CUDA tensors; got {', '.join(off)}. Move them with "
@@ -111,48 +107,7 @@ def _check_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
 
 
 def _dtype_code(t: torch.Tensor, name: str) -> int:
-    code = _DTYPE_CODE.get(t.dtype)
-    if code is None:
-        raise TypeError(f"{name} has dtype {t.dtype}; the CUDA kernels take torch.float32, torch.bfloat16 or "
-                        f"torch.float16 (cast with {name}.to(torch.bfloat16))")
-    return code
-
-
-def _check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} (use {name}.to({dtype}))")
-    if t.dim() != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({length},)")
-    if length > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous (call {name}.contiguous())")
-
-
-def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    if key_cache.dim() != 4:
-        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected 4 dims "
-                         "[num_blocks, num_kv_heads, block_size, head_size] (kv_cache[layer, 0])")
-    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
-        raise ValueError(f"value_cache ({tuple(value_cache.shape)}, {value_cache.dtype}) must match "
-                         f"key_cache ({tuple(key_cache.shape)}, {key_cache.dtype})")
-    _dtype_code(key_cache, "key_cache")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous; pass kv_cache[layer, 0/1] of a contiguous "
-                             "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] tensor")
-
-
-def _check_rows(t: torch.Tensor, name: str, num_heads: int | None = None, head_size: int | None = None) -> None:
-    """A [num_tokens, num_heads, head_size] activation: any non-negative strides but a unit last one."""
-    if t.dim() != 3:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [num_tokens, num_heads, head_size]"
-                         " (view a flat projection with .view(num_tokens, num_heads, head_size))")
-    if num_heads is not None and t.shape[1] != num_heads:
-        raise ValueError(f"{name} has {t.shape[1]} heads (shape {tuple(t.shape)}); expected {num_heads}")
-    if head_size is not None and t.shape[2] != head_size:
-        raise ValueError(f"{name} has head_size {t.shape[2]} (shape {tuple(t.shape)}); expected {head_size}")
-    if (t.shape[2] > 1 and t.stride(2) != 1) or min(t.stride()) < 0:
-        raise ValueError(f"{name} must have a unit stride in its last dim and no negative strides "
-                         f"(strides {t.stride()}); call {name}.contiguous()")
+    return checks.dtype_code(t, name, _DTYPE_CODE, "the CUDA kernels")
 
 
 def _stream(device: torch.device) -> int:
@@ -186,17 +141,18 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """
     device = _check_cuda("reshape_and_cache", key=key, value=value, key_cache=key_cache,
                          value_cache=value_cache, slot_mapping=slot_mapping)
-    _check_cache_pair(key_cache, value_cache)
+    checks.check_cache_pair(key_cache, value_cache)
+    _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    _check_rows(key, "key", num_kv_heads, head_size)
-    _check_rows(value, "value", num_kv_heads, head_size)
+    checks.check_rows(key, "key", num_kv_heads, head_size)
+    checks.check_rows(value, "value", num_kv_heads, head_size)
     num_tokens = key.shape[0]
     if value.shape[0] != num_tokens:
         raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
     if value.dtype != key.dtype:
         raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
     src_code = _dtype_code(key, "key")
-    _check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    checks.check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
     if num_tokens == 0:
         return
     with _OnDevice(device):
@@ -240,15 +196,16 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     """
     device = _check_cuda("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
                          block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
-    _check_cache_pair(key_cache, value_cache)
+    checks.check_cache_pair(key_cache, value_cache)
+    _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    _check_rows(query, "query", None, head_size)
+    checks.check_rows(query, "query", None, head_size)
     num_tokens, num_heads, _ = query.shape
     q_code = _dtype_code(query, "query")
     if out.dtype != query.dtype:
         raise TypeError(f"out is {out.dtype} but query is {query.dtype}; allocate out with "
                         "torch.empty_like(query)")
-    _check_rows(out, "out", num_heads, head_size)
+    checks.check_rows(out, "out", num_heads, head_size)
     if out.shape[0] != num_tokens:
         raise ValueError(f"out has shape {tuple(out.shape)}; expected {tuple(query.shape)} like query")
     if num_heads % num_kv_heads != 0:
@@ -272,8 +229,8 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     if not block_tables.is_contiguous():
         raise ValueError("block_tables must be contiguous (call block_tables.contiguous())")
     num_seqs, max_blocks_per_seq = block_tables.shape
-    _check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
-    _check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
+    checks.check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
+    checks.check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
     scale = float(scale)
     if max_query_len is not None and max_query_len < 0 or max_seq_len is not None and max_seq_len < 0:
         raise ValueError(f"max_query_len ({max_query_len}) and max_seq_len ({max_seq_len}) must be >= 0")
@@ -297,26 +254,6 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
             _core.paged_attention_cuda(*args, buf.data_ptr(), buf.numel(), stream, *tuning)
 
 
-def _check_kv_cache(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 6:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected "
-                         "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]")
-    if t.shape[1] != 2:
-        raise ValueError(f"{name} has {t.shape[1]} in dim 1; expected 2 (key, value)")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
-    _dtype_code(t, name)
-
-
-def _check_block_mapping(block_mapping) -> None:
-    _check_tensor(block_mapping, "block_mapping")
-    if block_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"block_mapping has dtype {block_mapping.dtype}; expected torch.int32")
-    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
-                         "rows of (src, dst)")
-
-
 def copy_blocks(kv_cache, block_mapping) -> None:
     """Copies every layer's K and V block src -> dst for each (src, dst) row, in row order.
 
@@ -325,10 +262,11 @@ def copy_blocks(kv_cache, block_mapping) -> None:
         or on kv_cache's device (no host round trip; the rows must then be independent, as
         copy-on-write lists are: distinct destinations that no other row reads)
     """
-    _check_tensor(block_mapping, "block_mapping")
+    checks.check_tensor(block_mapping, "block_mapping")
     device = _check_cuda("copy_blocks", kv_cache=kv_cache)
-    _check_kv_cache(kv_cache, "kv_cache")
-    _check_block_mapping(block_mapping)
+    checks.check_kv_cache(kv_cache, "kv_cache")
+    _dtype_code(kv_cache, "kv_cache")
+    checks.check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return
     num_layers, _, num_blocks = kv_cache.shape[:3]
@@ -359,8 +297,8 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     destination on the CPU.
     """
     for name, t in (("src_kv_cache", src_kv_cache), ("dst_kv_cache", dst_kv_cache)):
-        _check_tensor(t, name)
-    _check_block_mapping(block_mapping)
+        checks.check_tensor(t, name)
+    checks.check_block_mapping(block_mapping)
     cuda_sides = [t.device for t in (src_kv_cache, dst_kv_cache) if t.device.type == "cuda"]
     if not cuda_sides:
         raise ValueError("swap_blocks: neither cache is on CUDA; call pagedcore.kernels.swap_blocks for two CPU "
@@ -371,8 +309,10 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
             raise ValueError(f"swap_blocks: {name} is on {t.device}; one cache goes on {device}, the other on "
                              "the same device or the CPU")
     _require_extension("swap_blocks")
-    _check_kv_cache(src_kv_cache, "src_kv_cache")
-    _check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    checks.check_kv_cache(src_kv_cache, "src_kv_cache")
+    _dtype_code(src_kv_cache, "src_kv_cache")
+    checks.check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    _dtype_code(dst_kv_cache, "dst_kv_cache")
     if src_kv_cache.dtype != dst_kv_cache.dtype:
         raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
                         "both caches must have the same dtype")

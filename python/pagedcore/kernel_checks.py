@@ -1,0 +1,82 @@
+"""Argument checks shared by the CPU (pagedcore.kernels) and CUDA (pagedcore.kernels_cuda) kernel
+layers: each raises TypeError / ValueError with a message that names the fix, so a wrong call is a
+Python exception and never reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PAD_SLOT = -1    # slot_mapping padding: nothing is written for such a token
+NULL_BLOCK = -1  # block-table padding
+
+
+def check_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def dtype_code(t: torch.Tensor, name: str, codes: dict[torch.dtype, int], what: str) -> int:
+    """The kernel's dtype code of t (codes: dtype -> code); `what` names the kernels for the message."""
+    code = codes.get(t.dtype)
+    if code is None:
+        allowed = " or ".join(str(d) for d in codes)
+        raise TypeError(f"{name} has dtype {t.dtype}; {what} take {allowed} (cast with {name}.to(torch.bfloat16))")
+    return code
+
+
+def check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} (use {name}.to({dtype}))")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({length},)")
+    if length > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (call {name}.contiguous())")
+
+
+def check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """Shapes and layout of one layer's [num_blocks, num_kv_heads, block_size, head_size] caches."""
+    if key_cache.dim() != 4:
+        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected 4 dims "
+                         "[num_blocks, num_kv_heads, block_size, head_size] (kv_cache[layer, 0])")
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"value_cache ({tuple(value_cache.shape)}, {value_cache.dtype}) must match "
+                         f"key_cache ({tuple(key_cache.shape)}, {key_cache.dtype})")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous; pass kv_cache[layer, 0/1] of a contiguous "
+                             "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] tensor")
+
+
+def check_rows(t: torch.Tensor, name: str, num_heads: int | None = None, head_size: int | None = None) -> None:
+    """A [num_tokens, num_heads, head_size] activation: any non-negative strides but a unit last one."""
+    if t.dim() != 3:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [num_tokens, num_heads, head_size]"
+                         " (view a flat projection with .view(num_tokens, num_heads, head_size))")
+    if num_heads is not None and t.shape[1] != num_heads:
+        raise ValueError(f"{name} has {t.shape[1]} heads (shape {tuple(t.shape)}); expected {num_heads}")
+    if head_size is not None and t.shape[2] != head_size:
+        raise ValueError(f"{name} has head_size {t.shape[2]} (shape {tuple(t.shape)}); expected {head_size}")
+    if (t.shape[2] > 1 and t.stride(2) != 1) or min(t.stride()) < 0:
+        raise ValueError(f"{name} must have a unit stride in its last dim and no negative strides "
+                         f"(strides {t.stride()}); call {name}.contiguous()")
+
+
+def check_kv_cache(t: torch.Tensor, name: str) -> None:
+    """The whole-model [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size] cache."""
+    if t.dim() != 6:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected "
+                         "[num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]")
+    if t.shape[1] != 2:
+        raise ValueError(f"{name} has {t.shape[1]} in dim 1; expected 2 (key, value)")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
+
+
+def check_block_mapping(block_mapping) -> None:
+    check_tensor(block_mapping, "block_mapping")
+    if block_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_mapping has dtype {block_mapping.dtype}; expected torch.int32")
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
+                         "rows of (src, dst)")
