@@ -435,6 +435,83 @@ void bind_kernels(py::module_& m) {
 
 }  // namespace
 
+// ---- linear: begin (linear layers, fused norm / rotary ops; see cpp/kernels/linear.h) ----
+#include "kernels/linear.h"
+
+namespace {
+// Only forwards, like the kernels region: python/pagedcore/kernels_linear.py checks the tensors.
+// LinearHandle keeps a layer's weight-side arguments (built once at load), so a decode call passes
+// five integers.
+struct LinearHandle {
+  kernels::LinearParams params;
+  kernels::LinearIsa isa = kernels::LinearIsa::kAuto;
+
+  void run(uintptr_t out, uintptr_t x, int64_t M, int64_t x_stride, int64_t out_stride) const {
+    kernels::LinearParams p = params;
+    p.out = ptr<void>(out);
+    p.x = ptr<const void>(x);
+    p.M = M;
+    p.x_stride = x_stride;
+    p.out_stride = out_stride;
+    kernels::Status status;
+    {
+      py::gil_scoped_release release;
+      status = kernels::linear(p, isa);
+    }
+    raise_if_error(status);
+  }
+};
+
+kernels::LinearIsa to_linear_isa(int32_t code) {
+  if (code < -1 || code > 5) throw py::value_error("unknown linear ISA code " + std::to_string(code));
+  return static_cast<kernels::LinearIsa>(code);
+}
+
+void bind_linear(py::module_& m) {
+  py::class_<LinearHandle>(m, "LinearHandle",
+                           "Weight-side arguments of one linear layer (pagedcore.kernels_linear builds it).")
+      .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype, int32_t w_dtype,
+                       int32_t bias_dtype, int32_t out_dtype, int32_t epilogue, int32_t isa) {
+             if (epilogue != 0 && epilogue != 1) throw py::value_error("unknown epilogue code");
+             LinearHandle h;
+             h.params.weight = ptr<const void>(weight);
+             h.params.bias = ptr<const void>(bias);
+             h.params.N = N;
+             h.params.K = K;
+             h.params.x_dtype = to_dtype(x_dtype);
+             h.params.w_dtype = to_dtype(w_dtype);
+             h.params.bias_dtype = to_dtype(bias_dtype);
+             h.params.out_dtype = to_dtype(out_dtype);
+             h.params.epilogue = static_cast<kernels::LinearEpilogue>(epilogue);
+             h.isa = to_linear_isa(isa);
+             return h;
+           }),
+           py::arg("weight"), py::arg("bias"), py::arg("N"), py::arg("K"), py::arg("x_dtype"), py::arg("w_dtype"),
+           py::arg("bias_dtype"), py::arg("out_dtype"), py::arg("epilogue"), py::arg("isa"))
+      .def("__call__", &LinearHandle::run, py::arg("out"), py::arg("x"), py::arg("M"), py::arg("x_stride"),
+           py::arg("out_stride"), "out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller).");
+  m.def("linear_isa_name", [](int32_t code) { return std::string(kernels::linear_isa_name(to_linear_isa(code))); });
+  m.def("linear_isa_supported", [](int32_t code) { return kernels::linear_isa_supported(to_linear_isa(code)); });
+  m.def("linear_auto_isa", []() { return static_cast<int32_t>(kernels::linear_auto_isa()); },
+        "Code of the linear kernel variant the CPU runs by default.");
+  m.def(
+      "set_linear_tuning",
+      [](int64_t n_chunk, int64_t m_chunk) { kernels::set_linear_tuning({n_chunk, m_chunk}); },
+      py::arg("n_chunk") = 0, py::arg("m_chunk") = 0,
+      "Task sizes of the linear kernel (tests, benchmarks); 0 restores a default.");
+  m.def(
+      "linear_read_probe",
+      [](uintptr_t data, int64_t bytes, int threads, int32_t isa) {
+        py::gil_scoped_release release;
+        return kernels::read_probe(ptr<const void>(data), bytes, threads, to_linear_isa(isa));
+      },
+      py::arg("data"), py::arg("bytes"), py::arg("threads"), py::arg("isa") = -1,
+      "Streams bytes from data on threads threads (the bandwidth probe of bench/bench_decode.py).");
+}
+
+}  // namespace
+// ---- linear: end ----
+
 // ---- cuda: begin (CUDA kernels and the NCCL communicator; see cuda/) ----
 // Only forwards: python/pagedcore/kernels_cuda.py checks the tensors and passes data_ptr() ints,
 // sizes, strides and the CUDA stream; the launchers check sizes and return a cudaError_t. Invalid
@@ -660,4 +737,5 @@ PYBIND11_MODULE(_core, m) {
   bind_block_pool(m);
   bind_scheduler(m);
   bind_kernels(m);
+  bind_linear(m);
 }

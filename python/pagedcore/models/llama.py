@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
-                              RotaryEmbedding, VocabEmbedding, apply_rotary_emb, silu_and_mul)
+                              RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
+from pagedcore.layers.linear import KernelBinding
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
 
@@ -77,8 +78,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
-        gate_up = self.gate_up_proj(hidden)  # [num_tokens, 2 * intermediate]
-        return self.down_proj(silu_and_mul(gate_up))
+        return self.down_proj(self.gate_up_proj.forward_silu_mul(hidden))  # via [num_tokens, intermediate]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -135,6 +135,8 @@ class LlamaForCausalLM(nn.Module):
         # Tied: the LM head reads the embedding table; no second [vocab, hidden] copy.
         self.lm_head = (None if config.tie_word_embeddings
                         else Linear(config.hidden_size, config.vocab_size, bias=False, dtype=config.torch_dtype))
+        # Logits straight to fp32 from the kernel (bf16 models skip a rounding and a cast).
+        self._logits_kernel = KernelBinding(self.model.embed_tokens.weight, out_dtype=torch.float32)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -146,6 +148,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self._logits_kernel.takes(hidden_states):
+            return self._logits_kernel(hidden_states, weight, None)
         return F.linear(hidden_states, weight).float()
 
     @torch.no_grad()

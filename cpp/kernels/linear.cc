@@ -1,0 +1,311 @@
+// The linear launcher: checks the call, lays x out for the chosen inner loop, cuts the output into
+// tasks (rows of x x rows of W) and runs them on the threads of parallel.h, each task's raw sums
+// going through the epilogue (bias, SwiGLU, bf16 rounding) unless they can land in out directly.
+#include "kernels/linear.h"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "kernels/linear_kernel.h"
+#include "kernels/parallel.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace {
+
+// Bytes of weight rows per task: the task's W rows stay in L2 while its x rows pass over them.
+constexpr int64_t kTaskWeightBytes = 96 << 10;
+// Bytes of fp32 x rows per task (an L2-sized share).
+constexpr int64_t kTaskXBytes = 256 << 10;
+// Tasks per thread wanted for load balance when the weights alone would give fewer.
+constexpr int64_t kTasksPerThread = 4;
+
+std::atomic<int64_t> g_n_chunk{0};
+std::atomic<int64_t> g_m_chunk{0};
+
+std::string str(int64_t v) { return std::to_string(v); }
+int64_t elem_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
+
+bool has_avx512_bf16() {
+#if defined(__x86_64__) && defined(PAGEDCORE_KERNELS_X86) && !defined(PAGEDCORE_LINEAR_NO_BF16DOT)
+  return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+const LinearIsaKernels& kernels_for(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::kGeneric16: return linear_generic16::linear_kernels();
+    case LinearIsa::kGeneric16Bf16Dot: return linear_generic16_bf16dot::linear_kernels();
+    case LinearIsa::kAvx2: return linear_avx2::linear_kernels();
+    case LinearIsa::kAvx512: return linear_avx512::linear_kernels();
+    case LinearIsa::kAvx512Bf16Dot: return linear_avx512_bf16dot::linear_kernels();
+    case LinearIsa::kGeneric8:
+    default: return linear_generic8::linear_kernels();
+  }
+}
+
+LinearIsa resolve(LinearIsa isa) {
+  if (isa != LinearIsa::kAuto) return isa;
+  switch (active_isa()) {
+    case Isa::kAvx512: return has_avx512_bf16() ? LinearIsa::kAvx512Bf16Dot : LinearIsa::kAvx512;
+    case Isa::kAvx2: return LinearIsa::kAvx2;
+    case Isa::kGeneric16: return LinearIsa::kGeneric16;
+    case Isa::kGeneric:
+    default: return LinearIsa::kGeneric8;
+  }
+}
+
+// [begin, end) byte ranges of two strided row sets overlap.
+bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+Status check(const LinearParams& p, int64_t out_cols) {
+  if (p.M < 0 || p.N < 0 || p.K < 0) return Status::invalid("linear: negative size");
+  if (!valid(p.x_dtype) || !valid(p.w_dtype) || !valid(p.out_dtype) || !valid(p.bias_dtype))
+    return Status::invalid("linear: unknown dtype");
+  if (p.epilogue != LinearEpilogue::kNone && p.epilogue != LinearEpilogue::kSiluMul)
+    return Status::invalid("linear: unknown epilogue");
+  if (p.epilogue == LinearEpilogue::kSiluMul && p.N % 2 != 0)
+    return Status::invalid("linear: the SiLU-and-multiply epilogue needs an even number of weight rows "
+                           "(gate rows then up rows); got N = " + str(p.N));
+  if (p.M == 0 || out_cols == 0) return Status::ok();
+  if (!p.out || (p.K > 0 && (!p.x || !p.weight)))
+    return Status::invalid("linear: a data pointer is null");
+  if (p.M > 1 && p.x_stride < p.K)
+    return Status::invalid("linear: x_stride " + str(p.x_stride) + " < K " + str(p.K) + "; rows of x overlap");
+  if (p.M > 1 && p.out_stride < out_cols)
+    return Status::invalid("linear: out_stride " + str(p.out_stride) + " < the " + str(out_cols) +
+                           " output columns; rows of out overlap");
+  const int64_t out_bytes = ((p.M - 1) * p.out_stride + out_cols) * elem_size(p.out_dtype);
+  const int64_t x_bytes = p.K > 0 ? ((p.M - 1) * p.x_stride + p.K) * elem_size(p.x_dtype) : 0;
+  const int64_t w_bytes = p.N * p.K * elem_size(p.w_dtype);
+  const int64_t b_bytes = p.bias ? p.N * elem_size(p.bias_dtype) : 0;
+  if (overlaps(p.out, out_bytes, p.x, x_bytes) || overlaps(p.out, out_bytes, p.weight, w_bytes) ||
+      overlaps(p.out, out_bytes, p.bias, b_bytes))
+    return Status::invalid("linear: out overlaps x, weight or bias; write to a new tensor");
+  return Status::ok();
+}
+
+// Per calling thread, reused across calls (no allocation once warm).
+struct Workspace {
+  std::vector<float> x32;   // [M, K] x in the layout the block function reads
+  std::vector<float> sums;  // per worker thread: [m_chunk, n_chunk] (x 2 for kSiluMul) raw sums
+};
+Workspace& workspace() {
+  static thread_local Workspace ws;
+  return ws;
+}
+
+float x_value(const LinearParams& p, int64_t m, int64_t k) {
+  if (p.x_dtype == DType::kFloat32) return static_cast<const float*>(p.x)[m * p.x_stride + k];
+  return bf16_to_float(static_cast<const uint16_t*>(p.x)[m * p.x_stride + k]);
+}
+
+// Row m of x into dst (K floats): natural order, or pair order in chunks of `chunk` (linear_kernel.h).
+void convert_row(const LinearParams& p, int64_t m, int64_t chunk, float* dst) {
+  const int64_t K = p.K;
+  if (chunk == 0) {
+    if (p.x_dtype == DType::kBFloat16) {
+      const uint16_t* src = static_cast<const uint16_t*>(p.x) + m * p.x_stride;
+      for (int64_t k = 0; k < K; ++k) dst[k] = bf16_to_float(src[k]);
+    } else {
+      const float* src = static_cast<const float*>(p.x) + m * p.x_stride;
+      std::copy(src, src + K, dst);
+    }
+    return;
+  }
+  const int64_t half = chunk / 2, k_vec = K - K % chunk;
+  for (int64_t k = 0; k < k_vec; k += chunk)
+    for (int64_t i = 0; i < half; ++i) {
+      dst[k + i] = x_value(p, m, k + 2 * i);
+      dst[k + half + i] = x_value(p, m, k + 2 * i + 1);
+    }
+  for (int64_t k = k_vec; k < K; ++k) dst[k] = x_value(p, m, k);
+}
+
+struct Plan {
+  const LinearIsaKernels* kern;
+  LinearBlockFn block;
+  LinearBlockArgs args;
+  int64_t out_cols, n_chunk, m_chunk, n_tasks, m_tasks;
+  bool direct;          // raw sums straight into out (fp32, no bias, no SwiGLU)
+  int64_t sums_stride;  // row stride of a thread's raw-sum scratch
+  int64_t sums_per_thread;
+  float* sums;
+};
+
+void run_task(const LinearParams& p, const Plan& plan, int64_t task, int thread) {
+  const int64_t mt = task / plan.n_tasks, nt = task % plan.n_tasks;
+  const int64_t m0 = mt * plan.m_chunk, m1 = std::min(p.M, m0 + plan.m_chunk);
+  const int64_t c0 = nt * plan.n_chunk, c1 = std::min(plan.out_cols, c0 + plan.n_chunk);
+  if (plan.direct) {
+    float* out = static_cast<float*>(p.out) + m0 * p.out_stride + c0;
+    plan.block(plan.args, m0, m1, c0, c1, out, p.out_stride);
+    return;
+  }
+  float* g = plan.sums + thread * plan.sums_per_thread;
+  const bool silu = p.epilogue == LinearEpilogue::kSiluMul;
+  float* u = silu ? g + plan.m_chunk * plan.sums_stride : nullptr;
+  plan.block(plan.args, m0, m1, c0, c1, g, plan.sums_stride);
+  if (silu) plan.block(plan.args, m0, m1, plan.out_cols + c0, plan.out_cols + c1, u, plan.sums_stride);
+  LinearEpilogueArgs e;
+  e.g = g;
+  e.u = u;
+  e.sum_stride = plan.sums_stride;
+  const int64_t bsize = elem_size(p.bias_dtype);
+  if (p.bias) {
+    e.bias_g = static_cast<const char*>(p.bias) + c0 * bsize;
+    if (silu) e.bias_u = static_cast<const char*>(p.bias) + (plan.out_cols + c0) * bsize;
+  }
+  e.out = static_cast<char*>(p.out) + (m0 * p.out_stride + c0) * elem_size(p.out_dtype);
+  e.out_stride = p.out_stride;
+  e.rows = m1 - m0;
+  e.cols = c1 - c0;
+  e.bias_dtype = p.bias_dtype;
+  e.out_dtype = p.out_dtype;
+  e.kind = p.epilogue;
+  plan.kern->epilogue(e);
+}
+
+}  // namespace
+
+const char* linear_isa_name(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::kAuto: return "auto";
+    case LinearIsa::kGeneric8: return "generic";
+    case LinearIsa::kGeneric16: return "generic16";
+    case LinearIsa::kGeneric16Bf16Dot: return "generic16_bf16dot";
+    case LinearIsa::kAvx2: return "avx2";
+    case LinearIsa::kAvx512: return "avx512";
+    case LinearIsa::kAvx512Bf16Dot: return "avx512_bf16dot";
+  }
+  return "unknown";
+}
+
+bool linear_isa_supported(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::kAuto:
+    case LinearIsa::kGeneric8:
+    case LinearIsa::kGeneric16:
+    case LinearIsa::kGeneric16Bf16Dot: return true;
+    case LinearIsa::kAvx2: return isa_supported(Isa::kAvx2);
+    case LinearIsa::kAvx512: return isa_supported(Isa::kAvx512);
+    case LinearIsa::kAvx512Bf16Dot: return has_avx512_bf16();
+  }
+  return false;
+}
+
+LinearIsa linear_auto_isa() { return resolve(LinearIsa::kAuto); }
+
+void set_linear_tuning(const LinearTuning& tuning) {
+  g_n_chunk.store(tuning.n_chunk > 0 ? tuning.n_chunk : 0);
+  g_m_chunk.store(tuning.m_chunk > 0 ? tuning.m_chunk : 0);
+}
+
+Status linear(const LinearParams& p, LinearIsa isa) {
+  const bool silu = p.epilogue == LinearEpilogue::kSiluMul;
+  const int64_t out_cols = silu ? p.N / 2 : p.N;
+  Status status = check(p, out_cols);
+  if (!status.is_ok() || p.M == 0 || out_cols == 0) return status;
+  if (!linear_isa_supported(isa))
+    return Status::invalid(std::string("linear: this CPU (or build) cannot run the ") + linear_isa_name(isa) +
+                           " kernel");
+  Plan plan;
+  plan.kern = &kernels_for(resolve(isa));
+  plan.out_cols = out_cols;
+  plan.args.w = p.weight;
+  plan.args.K = p.K;
+
+  // x as the inner loop reads it: in place when it already is in that layout.
+  Workspace& ws = workspace();
+  int64_t chunk = -1;  // -1: x used in place; 0: natural fp32 copy; 2W: pair-order copy
+  if (p.w_dtype == DType::kFloat32) {
+    plan.block = plan.kern->block_f32;
+    chunk = p.x_dtype == DType::kFloat32 ? -1 : 0;
+  } else if (plan.kern->block_bf16_dot && p.x_dtype == DType::kBFloat16) {
+    plan.block = plan.kern->block_bf16_dot;
+    plan.args.x16 = static_cast<const uint16_t*>(p.x);
+    plan.args.x_stride = p.x_stride;
+  } else {
+    plan.block = plan.kern->block_bf16;
+    chunk = 2 * plan.kern->lanes;
+  }
+  if (chunk == -1) {
+    plan.args.x32 = static_cast<const float*>(p.x);
+    plan.args.x_stride = p.x_stride;
+  } else if (chunk >= 0) {
+    if (ws.x32.size() < static_cast<size_t>(p.M * p.K)) ws.x32.resize(p.M * p.K);
+    float* x32 = ws.x32.data();
+    if (p.M * p.K >= (1 << 16)) {
+      const int64_t rows_per_task = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(p.K, 1));
+      const int64_t tasks = (p.M + rows_per_task - 1) / rows_per_task;
+      parallel_for(static_cast<int>(tasks), [&](int t, int) {
+        const int64_t end = std::min(p.M, (t + 1) * rows_per_task);
+        for (int64_t m = t * rows_per_task; m < end; ++m) convert_row(p, m, chunk, x32 + m * p.K);
+      });
+    } else {
+      for (int64_t m = 0; m < p.M; ++m) convert_row(p, m, chunk, x32 + m * p.K);
+    }
+    plan.args.x32 = x32;
+    plan.args.x_stride = p.K;
+  }
+
+  // Tasks: m_chunk rows of x x n_chunk output columns.
+  const int threads = std::max(1, max_threads());
+  const int64_t row_bytes = std::max<int64_t>(1, p.K * elem_size(p.w_dtype) * (silu ? 2 : 1));
+  int64_t n_chunk = g_n_chunk.load();
+  if (n_chunk <= 0) {
+    const int64_t balance = (out_cols + kTasksPerThread * threads - 1) / (kTasksPerThread * threads);
+    n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
+    n_chunk = std::max<int64_t>(8, (n_chunk + 7) / 8 * 8);
+  }
+  int64_t m_chunk = g_m_chunk.load();
+  if (m_chunk <= 0) {
+    m_chunk = std::max<int64_t>(12, kTaskXBytes / std::max<int64_t>(1, p.K * 4) / 12 * 12);
+    if (m_chunk >= p.M) m_chunk = p.M;
+  }
+  plan.n_chunk = n_chunk;
+  plan.m_chunk = m_chunk;
+  plan.n_tasks = (out_cols + n_chunk - 1) / n_chunk;
+  plan.m_tasks = (p.M + m_chunk - 1) / m_chunk;
+  plan.direct = p.out_dtype == DType::kFloat32 && !p.bias && !silu;
+  plan.sums_stride = n_chunk;
+  plan.sums_per_thread = std::min(m_chunk, p.M) * n_chunk * (silu ? 2 : 1);
+  plan.sums = nullptr;
+  if (!plan.direct) {
+    const size_t need = static_cast<size_t>(plan.sums_per_thread) * threads;
+    if (ws.sums.size() < need) ws.sums.resize(need);
+    plan.sums = ws.sums.data();
+  }
+  const int64_t num_tasks = plan.n_tasks * plan.m_tasks;
+  if (num_tasks > (int64_t{1} << 30)) return Status::invalid("linear: too many tasks; raise the chunk sizes");
+  parallel_for(static_cast<int>(num_tasks), [&](int task, int thread) { run_task(p, plan, task, thread); });
+  return Status::ok();
+}
+
+float read_probe(const void* data, int64_t bytes, int threads, LinearIsa isa) {
+  if (!data || bytes <= 0 || !linear_isa_supported(isa)) return 0.f;
+  const LinearIsaKernels& kern = kernels_for(resolve(isa));
+  const int max = std::max(1, max_threads());
+  const int n = threads <= 0 || threads > max ? max : threads;
+  const int64_t per = (bytes / n) / 64 * 64;
+  std::vector<float> partial(n, 0.f);
+  parallel_for(n, [&](int t, int) {
+    const int64_t begin = t * per, len = t == n - 1 ? bytes - begin : per;
+    partial[t] = kern.read(static_cast<const char*>(data) + begin, len);
+  });
+  float s = 0.f;
+  for (float v : partial) s += v;
+  return s;
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,314 @@
+// The linear-layer kernel, written once against a vector trait V and compiled once per instruction
+// set: linear_<isa>.cc defines PC_LINEAR_NAMESPACE and PC_LINEAR_VEC (a trait defined inside that
+// namespace or a portable one), then includes this file. Everything here lives in the per-ISA
+// namespace and calls no shared inline function (see attention_kernel.h for why).
+//
+// Dot-product form over the checkpoint layout W [N, K] (no packing): a register tile of MR rows of
+// x by NR rows of W keeps MR x NR vector accumulators, walks K one chunk at a time and folds each
+// accumulator horizontally at the end:
+//
+//            k ->  chunk (W lanes; 2 W for bf16 weights)
+//   x rows  m   [=====|=====|=====| ... |tail]      MR rows, from L1 (fp32 scratch or x itself)
+//   W rows  n   [=====|=====|=====| ... |tail]      NR rows, streamed from memory once
+//   acc[i][j] += x[m+i, chunk] * W[n+j, chunk]       dst[i][j] = hsum(acc[i][j]) + tail
+//
+// bf16 weights: a chunk of 2 W bf16 is one W x 32-bit load; its even elements are the load << 16
+// and its odd ones the load & 0xffff0000 (bf16 is the top half of an fp32), matched by x stored in
+// pair order (linear_kernel.h). With AVX512-BF16 and bf16 x, vdpbf16ps does pairs directly.
+#ifndef PC_LINEAR_NAMESPACE
+#error "define PC_LINEAR_NAMESPACE and PC_LINEAR_VEC before including linear_impl.h"
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/linear_kernel.h"
+
+#ifndef PC_LINEAR_PREFETCH
+#define PC_LINEAR_PREFETCH 1
+#endif
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_LINEAR_NAMESPACE {
+
+using V = PC_LINEAR_VEC;
+using R = V::R;
+constexpr int W = V::W;
+
+enum Mode { kF32 = 0, kBf16Pairs = 1, kBf16Dot = 2 };
+
+// Register tiles: MR rows of x x NR rows of W. Accumulators + x registers held across the NR
+// weight rows + the weight being widened must fit the register file (16 on AVX2, 32 on AVX-512).
+// Past kMaxRows, rows are done kMaxRows at a time.
+constexpr int kMaxRows = V::kRegs >= 32 ? 4 : 3;
+constexpr int tile_cols(int mode, int rows) {
+  if (V::kRegs >= 32) return rows <= 2 ? 8 : rows == 3 ? 6 : (mode == kBf16Pairs ? 4 : 5);
+  if (mode == kBf16Pairs) return rows == 1 ? 8 : rows == 2 ? 4 : 3;
+  return rows == 1 ? 8 : 4;
+}
+
+inline float bf16_scalar(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// x value k of row `row` as the scalar tail reads it (the tail is in natural order in every layout).
+template <int kMode>
+inline float x_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
+  if constexpr (kMode == kBf16Dot) return bf16_scalar(a.x16[row * a.x_stride + k]);
+  else return a.x32[row * a.x_stride + k];
+}
+template <int kMode>
+inline float w_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
+  if constexpr (kMode == kF32) return static_cast<const float*>(a.w)[row * a.K + k];
+  else return bf16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
+}
+
+// dst[i * ds + j] = x[m + i] . W[n + j] for i < MR, j < NR.
+template <int MR, int NR, int kMode>
+inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int64_t ds) {
+  const int64_t K = a.K;
+  constexpr int kChunk = kMode == kF32 ? W : 2 * W;
+  const int64_t k_vec = K - K % kChunk;
+  constexpr int kAcc = MR * NR;
+  // Few rows of x: the tile streams its weights once; fetch the next tile's rows (they follow
+  // these in memory) while this one runs, since rows of ~1-2 KB are too short for the hardware
+  // prefetcher to ramp up on each.
+  constexpr bool kPrefetch = PC_LINEAR_PREFETCH;
+  constexpr int64_t kLineFloats = 16;  // a 64-byte line of fp32 (32 bf16)
+  R acc[kAcc];
+#pragma GCC unroll 32
+  for (int q = 0; q < kAcc; ++q) acc[q] = V::zero();
+
+  if constexpr (kMode == kF32) {
+    const float* xr[MR];
+    const float* wr[NR];
+    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+    for (int j = 0; j < NR; ++j) wr[j] = static_cast<const float*>(a.w) + (n + j) * K;
+    for (int64_t k = 0; k < k_vec; k += kChunk) {
+      if constexpr (kPrefetch) {
+        if ((k & (kLineFloats - 1)) == 0)
+          for (int j = 0; j < NR; ++j) __builtin_prefetch(wr[j] + 2 * NR * K + k, 0, 1);
+      }
+      R xv[MR];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) xv[i] = V::load(xr[i] + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        const R wv = V::load(wr[j] + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i * NR + j] = V::fmadd(xv[i], wv, acc[i * NR + j]);
+      }
+    }
+  } else if constexpr (kMode == kBf16Pairs) {
+    const float* xr[MR];
+    const uint16_t* wr[NR];
+    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+    for (int j = 0; j < NR; ++j) wr[j] = static_cast<const uint16_t*>(a.w) + (n + j) * K;
+    for (int64_t k = 0; k < k_vec; k += kChunk) {
+      if constexpr (kPrefetch) {
+        if ((k & (2 * kLineFloats - 1)) == 0)
+          for (int j = 0; j < NR; ++j) __builtin_prefetch(wr[j] + 2 * NR * K + k, 0, 1);
+      }
+      R xe[MR], xo[MR];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        xe[i] = V::load(xr[i] + k);
+        xo[i] = V::load(xr[i] + k + W);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        R we, wo;
+        V::load_bf16_pairs(wr[j] + k, we, wo);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[i * NR + j] = V::fmadd(xe[i], we, acc[i * NR + j]);
+          acc[i * NR + j] = V::fmadd(xo[i], wo, acc[i * NR + j]);
+        }
+      }
+    }
+  } else {
+    if constexpr (V::kHasDotBf16) {
+      const uint16_t* xr[MR];
+      const uint16_t* wr[NR];
+      for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
+      for (int j = 0; j < NR; ++j) wr[j] = static_cast<const uint16_t*>(a.w) + (n + j) * K;
+      for (int64_t k = 0; k < k_vec; k += kChunk) {
+        typename V::RI xv[MR];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) xv[i] = V::load_i(xr[i] + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const typename V::RI wv = V::load_i(wr[j] + k);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) acc[i * NR + j] = V::dot_bf16(acc[i * NR + j], xv[i], wv);
+        }
+      }
+    }
+  }
+
+  float sums[kAcc + 3];
+  int q = 0;
+#pragma GCC unroll 8
+  for (; q + 4 <= kAcc; q += 4) V::hsum4(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], sums + q);
+#pragma GCC unroll 4
+  for (; q < kAcc; ++q) sums[q] = V::hsum(acc[q]);
+  if (k_vec < K) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) {
+        float s = 0.f;
+        for (int64_t k = k_vec; k < K; ++k) s += x_at<kMode>(a, m + i, k) * w_at<kMode>(a, n + j, k);
+        sums[i * NR + j] += s;
+      }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) dst[i * ds + j] = sums[i * NR + j];
+}
+
+// Rows [m, m + MR) against W rows [n_begin, n_end): full tiles, then 4-, 2- and 1-column tiles.
+template <int MR, int kMode>
+inline void row_panel(const LinearBlockArgs& a, int64_t m, int64_t n_begin, int64_t n_end, float* dst,
+                      int64_t ds) {
+  constexpr int NR = tile_cols(kMode, MR);
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) tile<MR, NR, kMode>(a, m, n, dst + (n - n_begin), ds);
+  if constexpr (NR > 4) {
+    if (n + 4 <= n_end) {
+      tile<MR, 4, kMode>(a, m, n, dst + (n - n_begin), ds);
+      n += 4;
+    }
+  }
+  if constexpr (NR > 2) {
+    if (n + 2 <= n_end) {
+      tile<MR, 2, kMode>(a, m, n, dst + (n - n_begin), ds);
+      n += 2;
+    }
+  }
+  if constexpr (NR > 1) {
+    if (n < n_end) tile<MR, 1, kMode>(a, m, n, dst + (n - n_begin), ds);
+  }
+}
+
+template <int kMode>
+void block(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* dst,
+           int64_t ds) {
+  int64_t m = m_begin;
+  for (; m + kMaxRows <= m_end; m += kMaxRows)
+    row_panel<kMaxRows, kMode>(a, m, n_begin, n_end, dst + (m - m_begin) * ds, ds);
+  const int64_t rest = m_end - m;
+  float* d = dst + (m - m_begin) * ds;
+  if (kMaxRows > 3 && rest == 3) row_panel<3, kMode>(a, m, n_begin, n_end, d, ds);
+  else if (rest == 2) row_panel<2, kMode>(a, m, n_begin, n_end, d, ds);
+  else if (rest == 1) row_panel<1, kMode>(a, m, n_begin, n_end, d, ds);
+}
+
+void block_f32(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
+  block<kF32>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_bf16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
+  block<kBf16Pairs>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_bf16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                    int64_t ds) {
+  block<kBf16Dot>(a, m0, m1, n0, n1, dst, ds);
+}
+
+// -- epilogue -------------------------------------------------------------------------------------
+
+inline R load_any(const void* p, DType t, int64_t i) {
+  if (t == DType::kFloat32) return V::load(static_cast<const float*>(p) + i);
+  return V::load_bf16(static_cast<const uint16_t*>(p) + i);
+}
+
+// silu(g) = g / (1 + exp(-g)), as torch computes it.
+inline R silu(R g) {
+  const R one = V::set1(1.f);
+  return V::div(g, V::add(one, V::exp(V::mul(g, V::set1(-1.f)))));
+}
+
+// One vector of outputs from W raw sums at g (and u).
+inline R epilogue_vec(const LinearEpilogueArgs& e, const float* g, const float* u, int64_t c) {
+  R gv = V::load(g);
+  if (e.bias_g) gv = V::add(gv, load_any(e.bias_g, e.bias_dtype, c));
+  if (e.kind != LinearEpilogue::kSiluMul) return gv;
+  R uv = V::load(u);
+  if (e.bias_u) uv = V::add(uv, load_any(e.bias_u, e.bias_dtype, c));
+  if (e.out_dtype == DType::kBFloat16)  // torch, op by op in bf16: round g and u, round silu(g)
+    return V::mul(V::round_bf16(silu(V::round_bf16(gv))), V::round_bf16(uv));
+  return V::mul(silu(gv), uv);
+}
+
+void epilogue(const LinearEpilogueArgs& e) {
+  for (int64_t r = 0; r < e.rows; ++r) {
+    const float* g = e.g + r * e.sum_stride;
+    const float* u = e.u ? e.u + r * e.sum_stride : nullptr;
+    int64_t c = 0;
+    for (; c + W <= e.cols; c += W) {
+      const R y = epilogue_vec(e, g + c, u ? u + c : nullptr, c);
+      if (e.out_dtype == DType::kFloat32) V::store(static_cast<float*>(e.out) + r * e.out_stride + c, y);
+      else V::store_bf16(static_cast<uint16_t*>(e.out) + r * e.out_stride + c, y);
+    }
+    if (c < e.cols) {  // the last columns through the same vector code, via padded copies
+      const int64_t n = e.cols - c;
+      alignas(64) float gt[W] = {}, ut[W] = {}, bg[W] = {}, bu[W] = {}, yt[W];
+      alignas(64) uint16_t bg16[W] = {}, bu16[W] = {}, y16[W];
+      std::memcpy(gt, g + c, n * sizeof(float));
+      if (u) std::memcpy(ut, u + c, n * sizeof(float));
+      LinearEpilogueArgs t = e;
+      const int64_t bias_bytes = n * (e.bias_dtype == DType::kFloat32 ? 4 : 2);
+      const char* bias_g = static_cast<const char*>(e.bias_g);
+      const char* bias_u = static_cast<const char*>(e.bias_u);
+      const int64_t offset = c * (e.bias_dtype == DType::kFloat32 ? 4 : 2);
+      void* bgt = e.bias_dtype == DType::kFloat32 ? static_cast<void*>(bg) : static_cast<void*>(bg16);
+      void* but = e.bias_dtype == DType::kFloat32 ? static_cast<void*>(bu) : static_cast<void*>(bu16);
+      if (bias_g) std::memcpy(bgt, bias_g + offset, bias_bytes);
+      if (bias_u) std::memcpy(but, bias_u + offset, bias_bytes);
+      t.bias_g = bias_g ? bgt : nullptr;
+      t.bias_u = bias_u ? but : nullptr;
+      const R y = epilogue_vec(t, gt, ut, 0);
+      if (e.out_dtype == DType::kFloat32) {
+        V::store(yt, y);
+        std::memcpy(static_cast<float*>(e.out) + r * e.out_stride + c, yt, n * sizeof(float));
+      } else {
+        V::store_bf16(y16, y);
+        std::memcpy(static_cast<uint16_t*>(e.out) + r * e.out_stride + c, y16, n * sizeof(uint16_t));
+      }
+    }
+  }
+}
+
+// -- bandwidth probe ------------------------------------------------------------------------------
+
+float read(const void* data, int64_t bytes) {
+  const float* p = static_cast<const float*>(data);
+  const int64_t n = bytes / 4;
+  R a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = V::add(a0, V::load(p + i));
+    a1 = V::add(a1, V::load(p + i + W));
+    a2 = V::add(a2, V::load(p + i + 2 * W));
+    a3 = V::add(a3, V::load(p + i + 3 * W));
+  }
+  float s = V::hsum(V::add(V::add(a0, a1), V::add(a2, a3)));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+const LinearIsaKernels kKernels = {W,
+                                   &block_f32,
+                                   &block_bf16,
+                                   V::kHasDotBf16 ? &block_bf16_dot : nullptr,
+                                   &epilogue,
+                                   &read};
+
+const LinearIsaKernels& linear_kernels() { return kKernels; }
+
+}  // namespace PC_LINEAR_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,265 @@
+// The linear kernel against a naive double loop: every ISA this CPU runs (the AVX-512 tilings and
+// the AVX512-BF16 dot products through their portable emulations), fp32 and bf16 x / weights /
+// bias / out, K and N not multiples of the vector width, strided rows, many tasks, the SwiGLU
+// epilogue; and the launcher's error statuses (nothing written on error).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "kernels/linear.h"
+
+using namespace pagedcore::kernels;
+
+namespace {
+
+const LinearIsa kAllIsas[] = {LinearIsa::kGeneric8, LinearIsa::kGeneric16, LinearIsa::kGeneric16Bf16Dot,
+                              LinearIsa::kAvx2, LinearIsa::kAvx512, LinearIsa::kAvx512Bf16Dot};
+
+// A tensor held as float values that are exactly representable in its dtype, plus its bytes.
+struct Buf {
+  DType dtype;
+  std::vector<float> values;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  const void* data() const { return dtype == DType::kFloat32 ? static_cast<const void*>(f32.data()) : bf16.data(); }
+  void* mut() { return dtype == DType::kFloat32 ? static_cast<void*>(f32.data()) : bf16.data(); }
+  float at(size_t i) const { return dtype == DType::kFloat32 ? f32[i] : bf16_to_float(bf16[i]); }
+};
+
+Buf make(DType dtype, size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> normal(0.f, scale);
+  Buf b{dtype, {}, {}, {}};
+  for (size_t i = 0; i < n; ++i) {
+    float v = normal(rng);
+    if (dtype == DType::kBFloat16) v = bf16_to_float(float_to_bf16(v));
+    b.values.push_back(v);
+  }
+  if (dtype == DType::kFloat32) b.f32 = b.values;
+  else
+    for (float v : b.values) b.bf16.push_back(float_to_bf16(v));
+  return b;
+}
+
+Buf zeros(DType dtype, size_t n, float fill) {
+  Buf b{dtype, std::vector<float>(n, fill), {}, {}};
+  if (dtype == DType::kFloat32) b.f32.assign(n, fill);
+  else b.bf16.assign(n, float_to_bf16(fill));
+  return b;
+}
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+float round_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
+
+struct Case {
+  int64_t M, N, K;
+  DType x, w, bias, out;
+  bool has_bias;
+  LinearEpilogue epilogue;
+  int64_t x_pad, out_pad;  // extra elements per row (strided rows)
+};
+
+std::string describe(const Case& c, LinearIsa isa) {
+  auto d = [](DType t) { return t == DType::kFloat32 ? "f32" : "bf16"; };
+  return std::string(linear_isa_name(isa)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+         " K=" + std::to_string(c.K) + " x=" + d(c.x) + " w=" + d(c.w) + " out=" + d(c.out) +
+         (c.has_bias ? std::string(" bias=") + d(c.bias) : "") +
+         (c.epilogue == LinearEpilogue::kSiluMul ? " silu_mul" : "") + " x_pad=" + std::to_string(c.x_pad) +
+         " out_pad=" + std::to_string(c.out_pad);
+}
+
+void run_case(const Case& c, LinearIsa isa, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const bool silu_mul = c.epilogue == LinearEpilogue::kSiluMul;
+  const int64_t cols = silu_mul ? c.N / 2 : c.N;
+  const int64_t xs = c.K + c.x_pad, os = cols + c.out_pad;
+  Buf x = make(c.x, c.M * xs, rng);
+  Buf w = make(c.w, c.N * c.K, rng, 1.f / std::sqrt(static_cast<float>(std::max<int64_t>(c.K, 1))));
+  Buf bias = make(c.bias, c.N, rng, 0.5f);
+  Buf out = zeros(c.out, c.M * os, -7.f);  // padding must stay -7
+  LinearParams p;
+  p.out = out.mut();
+  p.x = x.data();
+  p.weight = w.data();
+  p.bias = c.has_bias ? bias.data() : nullptr;
+  p.M = c.M;
+  p.N = c.N;
+  p.K = c.K;
+  p.x_stride = xs;
+  p.out_stride = os;
+  p.x_dtype = c.x;
+  p.w_dtype = c.w;
+  p.bias_dtype = c.bias;
+  p.out_dtype = c.out;
+  p.epilogue = c.epilogue;
+  Status st = linear(p, isa);
+  CHECK(st.is_ok());
+  for (int64_t m = 0; m < c.M; ++m) {
+    for (int64_t n = 0; n < cols; ++n) {
+      auto dot = [&](int64_t row, double* mag) {
+        double s = c.has_bias ? bias.values[row] : 0.0, a = c.has_bias ? std::fabs(bias.values[row]) : 0.0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          s += static_cast<double>(x.values[m * xs + k]) * w.values[row * c.K + k];
+          a += std::fabs(static_cast<double>(x.values[m * xs + k]) * w.values[row * c.K + k]);
+        }
+        *mag = a;
+        return s;
+      };
+      double mag_g = 0, mag_u = 0;
+      const double g = dot(n, &mag_g);
+      double expect = g, tol = 2e-6 * mag_g + 1e-6;
+      if (silu_mul) {
+        const double u = dot(cols + n, &mag_u);
+        if (c.out == DType::kBFloat16) {
+          expect = static_cast<double>(round_bf16(static_cast<float>(silu(round_bf16(static_cast<float>(g)))))) *
+                   round_bf16(static_cast<float>(u));
+          tol = 3 * std::ldexp(std::fabs(expect), -8) + 2e-6 * (mag_g + mag_u) * (1 + std::fabs(u) + std::fabs(g)) + 1e-6;
+        } else {
+          expect = silu(g) * u;
+          tol = 2e-6 * (mag_g * std::fabs(u) + mag_u * (std::fabs(g) + 1)) + 1e-6;
+        }
+      } else if (c.out == DType::kBFloat16) {
+        tol = std::ldexp(std::fabs(expect), -8) + 2e-6 * mag_g + 1e-6;
+      }
+      const double got = out.at(m * os + n);
+      if (!(std::fabs(got - expect) <= tol)) {
+        throw pagedcore_test::Failure(describe(c, isa) + ": out[" + std::to_string(m) + ", " + std::to_string(n) +
+                                      "] = " + std::to_string(got) + ", expected " + std::to_string(expect) +
+                                      " (tol " + std::to_string(tol) + ")");
+      }
+    }
+    for (int64_t n = cols; n < os; ++n) CHECK_EQ(out.at(m * os + n), -7.f);
+  }
+}
+
+std::vector<LinearIsa> supported_isas() {
+  std::vector<LinearIsa> isas;
+  for (LinearIsa isa : kAllIsas)
+    if (linear_isa_supported(isa)) isas.push_back(isa);
+  return isas;
+}
+
+}  // namespace
+
+TEST(linear_matches_naive_loop_for_every_isa_and_dtype) {
+  const DType f = DType::kFloat32, b = DType::kBFloat16;
+  const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 13}, {1, 64, 576}, {2, 33, 40}, {3, 17, 33},
+                               {4, 24, 64}, {5, 40, 100}, {7, 9, 31}, {16, 96, 70}, {1, 130, 48}};
+  uint32_t seed = 1;
+  for (LinearIsa isa : supported_isas())
+    for (auto& s : shapes)
+      for (DType xd : {f, b})
+        for (DType wd : {f, b})
+          for (DType od : {f, b}) {
+            const bool bias = (seed % 3) == 0;
+            run_case({s[0], s[1], s[2], xd, wd, (seed % 2) ? f : b, od, bias, LinearEpilogue::kNone,
+                      static_cast<int64_t>(seed % 4), static_cast<int64_t>((seed / 2) % 3)},
+                     isa, seed);
+            ++seed;
+          }
+}
+
+TEST(linear_silu_mul_epilogue) {
+  const DType f = DType::kFloat32, b = DType::kBFloat16;
+  uint32_t seed = 100;
+  for (LinearIsa isa : supported_isas())
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 2, 8}, {1, 96, 64}, {3, 50, 37}, {6, 34, 96}})
+      for (DType d : {f, b})
+        for (bool bias : {false, true}) {
+          run_case({M, N, K, d, d, d, d, bias, LinearEpilogue::kSiluMul, 1, 2}, isa, seed);
+          ++seed;
+        }
+}
+
+TEST(linear_many_tasks_and_row_blocks) {
+  const DType f = DType::kFloat32, b = DType::kBFloat16;
+  for (LinearIsa isa : supported_isas()) {
+    set_linear_tuning({8, 12});  // 8 output columns x 12 rows per task: many tasks, ragged edges
+    run_case({37, 61, 45, f, f, f, f, true, LinearEpilogue::kNone, 3, 1}, isa, 7);
+    run_case({37, 61, 45, b, b, b, b, false, LinearEpilogue::kNone, 0, 0}, isa, 8);
+    run_case({29, 42, 64, b, b, b, b, true, LinearEpilogue::kSiluMul, 0, 5}, isa, 9);
+    set_linear_tuning({});
+    run_case({300, 20, 100, b, b, f, b, false, LinearEpilogue::kNone, 0, 0}, isa, 10);  // parallel x conversion
+    run_case({64, 200, 576, f, f, f, f, false, LinearEpilogue::kNone, 0, 0}, isa, 11);
+  }
+}
+
+TEST(linear_k_zero_gives_bias) {
+  std::vector<float> out(6, -1.f), bias = {1, 2, 3};
+  LinearParams p;
+  p.out = out.data();
+  p.bias = bias.data();
+  p.M = 2;
+  p.N = 3;
+  p.K = 0;
+  p.x_stride = 0;
+  p.out_stride = 3;
+  CHECK(linear(p).is_ok());
+  CHECK_EQ(out, (std::vector<float>{1, 2, 3, 1, 2, 3}));
+}
+
+TEST(linear_errors_write_nothing) {
+  std::vector<float> x(4 * 8, 1.f), w(6 * 8, 1.f), out(4 * 6, -3.f);
+  auto base = [&] {
+    LinearParams p;
+    p.out = out.data();
+    p.x = x.data();
+    p.weight = w.data();
+    p.M = 4;
+    p.N = 6;
+    p.K = 8;
+    p.x_stride = 8;
+    p.out_stride = 6;
+    return p;
+  };
+  auto expect_invalid = [&](LinearParams p, const char* what) {
+    Status st = linear(p);
+    if (st.is_ok()) throw pagedcore_test::Failure(std::string("accepted: ") + what);
+    CHECK(st.code == Status::kInvalidArgument);
+    for (float v : out) CHECK_EQ(v, -3.f);
+  };
+  LinearParams p = base();
+  p.x = nullptr;
+  expect_invalid(p, "null x");
+  p = base();
+  p.x_stride = 7;
+  expect_invalid(p, "x_stride < K");
+  p = base();
+  p.out_stride = 5;
+  expect_invalid(p, "out_stride < N");
+  p = base();
+  p.N = 5;
+  p.epilogue = LinearEpilogue::kSiluMul;
+  expect_invalid(p, "odd N with silu_mul");
+  p = base();
+  p.out = x.data();
+  expect_invalid(p, "out overlapping x");
+  p = base();
+  p.M = -1;
+  expect_invalid(p, "negative M");
+  p = base();
+  p.x_dtype = static_cast<DType>(7);
+  expect_invalid(p, "unknown dtype");
+  for (LinearIsa isa : kAllIsas)
+    if (!linear_isa_supported(isa)) {
+      Status st = linear(base(), isa);
+      CHECK(!st.is_ok());
+    }
+  CHECK(linear(base()).is_ok());
+  CHECK_EQ(out[0], 8.f);
+}
+
+TEST(read_probe_sums_the_buffer) {
+  std::vector<float> data(1000 * 16 + 5, 0.5f);
+  for (LinearIsa isa : supported_isas())
+    for (int threads : {1, 2}) {
+      const float s = read_probe(data.data(), static_cast<int64_t>(data.size() * 4), threads, isa);
+      CHECK(std::fabs(s - 0.5f * data.size()) < 1e-2f);
+    }
+}
+
+int main() { return pagedcore_test::run_all(); }

@@ -1,0 +1,164 @@
+"""pagedcore.kernels_linear against torch.nn.functional.linear: random shapes (M 1..32, K and N not
+multiples of the vector width), with and without bias, fp32 and bf16, strided rows, the SwiGLU
+epilogue, every kernel variant this CPU runs; misuse raises with the fix in the message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedcore import kernels_linear
+
+pytestmark = pytest.mark.skipif(not kernels_linear.available(), reason="extension built without the linear kernel")
+
+ISAS = kernels_linear.supported_isas()
+
+
+def reference(x, weight, bias=None, silu_mul=False):
+    """The same computation in torch, fp64, then rounded as torch rounds each op in x's dtype."""
+    y = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    if not silu_mul:
+        return y
+    half = y.shape[-1] // 2
+    g, u = y[..., :half], y[..., half:]
+    if x.dtype == torch.bfloat16:  # torch in bf16: g, u rounded, silu rounded, product rounded
+        g, u = g.to(torch.bfloat16), u.to(torch.bfloat16)
+        return (F.silu(g) * u).double()
+    return F.silu(g) * u
+
+
+def assert_close(got, want, x, weight, dtype):
+    # fp32: a different summation order; bf16 out: one rounding of the result (+ order).
+    scale = (x.double().abs() @ weight.double().abs().T).max().item() + 1.0
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(got.double(), want.double(), atol=2e-5 * scale, rtol=1e-2)
+    else:
+        torch.testing.assert_close(got.double(), want.double(), atol=2e-6 * scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_random_shapes_match_torch(isa, dtype):
+    gen = torch.Generator().manual_seed(10 * ISAS.index(isa) + (dtype == torch.bfloat16))
+    for trial in range(12):
+        M = int(torch.randint(1, 33, (1,), generator=gen))
+        K = int(torch.randint(1, 300, (1,), generator=gen))
+        N = int(torch.randint(1, 200, (1,), generator=gen))
+        x = torch.randn(M, K, generator=gen).to(dtype)
+        w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype)
+        b = torch.randn(N, generator=gen).to(dtype) if trial % 2 else None
+        got = kernels_linear.linear(x, w, b, isa=isa)
+        assert got.shape == (M, N) and got.dtype == dtype
+        assert_close(got, reference(x, w, b), x, w, dtype)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_model_shapes_and_fp32_logits_from_bf16(isa):
+    gen = torch.Generator().manual_seed(3)
+    for M, N, K in [(1, 960, 576), (4, 3072, 576), (16, 576, 1536), (1, 4099, 576)]:
+        x = torch.randn(M, K, generator=gen)
+        w = torch.randn(N, K, generator=gen) / K ** 0.5
+        assert_close(kernels_linear.linear(x, w, isa=isa), reference(x, w), x, w, torch.float32)
+        xb, wb = x.bfloat16(), w.bfloat16()
+        logits = kernels_linear.linear(xb, wb, out_dtype=torch.float32, isa=isa)  # the LM head's call
+        assert logits.dtype == torch.float32
+        assert_close(logits, reference(xb, wb), xb, wb, torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_silu_mul_epilogue_matches_unfused(isa, dtype, bias):
+    gen = torch.Generator().manual_seed(5)
+    for M, I, K in [(1, 48, 64), (3, 37, 50), (9, 128, 96)]:
+        x = torch.randn(M, K, generator=gen).to(dtype)
+        w = (torch.randn(2 * I, K, generator=gen) / K ** 0.5).to(dtype)
+        b = torch.randn(2 * I, generator=gen).to(dtype) if bias else None
+        got = kernels_linear.linear(x, w, b, silu_mul=True, isa=isa)
+        assert got.shape == (M, I)
+        assert_close(got, reference(x, w, b, silu_mul=True), x, w, dtype)
+        # the unfused torch path the layer replaces
+        unfused = F.linear(x, w, b)
+        unfused = F.silu(unfused[:, :I]) * unfused[:, I:]
+        assert_close(got, unfused, x, w, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_rows_and_leading_dims(dtype):
+    gen = torch.Generator().manual_seed(7)
+    wide = torch.randn(6, 100, generator=gen).to(dtype)
+    x = wide[:, 10:74]  # rows 100 apart, last stride 1
+    w = torch.randn(30, 64, generator=gen).to(dtype)
+    assert_close(kernels_linear.linear(x, w), reference(x, w), x, w, dtype)
+    x3 = torch.randn(2, 3, 64, generator=gen).to(dtype)
+    got = kernels_linear.linear(x3, w)
+    assert got.shape == (2, 3, 30)
+    assert_close(got.reshape(6, 30), reference(x3.reshape(6, 64), w), x3.reshape(6, 64), w, dtype)
+
+
+def test_many_tasks_and_large_m_match_torch():
+    gen = torch.Generator().manual_seed(11)
+    from pagedcore import _core
+    try:
+        _core.set_linear_tuning(8, 12)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(45, 70, generator=gen).to(dtype)
+            w = torch.randn(53, 70, generator=gen).to(dtype)
+            b = torch.randn(53, generator=gen).to(dtype)
+            assert_close(kernels_linear.linear(x, w, b), reference(x, w, b), x, w, dtype)
+    finally:
+        _core.set_linear_tuning()
+    x = torch.randn(300, 576, generator=gen).bfloat16()
+    w = torch.randn(200, 576, generator=gen).bfloat16()
+    assert_close(kernels_linear.linear(x, w), reference(x, w), x, w, torch.bfloat16)
+
+
+def test_zero_rows_and_empty():
+    w = torch.randn(8, 16)
+    assert kernels_linear.linear(torch.empty(0, 16), w).shape == (0, 8)
+    assert kernels_linear.linear(torch.empty(3, 0), torch.empty(8, 0)).eq(0).all()
+
+
+def test_layer_kernel_rebinds_after_weight_moves():
+    w = torch.randn(8, 16)
+    kernel = kernels_linear.LinearKernel(w)
+    assert kernel.matches(w)
+    assert not kernel.matches(w.clone())
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: kernels_linear.linear(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8)), TypeError, "float32"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16)), TypeError, "bfloat16"),
+    (lambda: kernels_linear.linear(torch.randn(2, 7), torch.randn(4, 8)), ValueError, "input features"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(8, 4).T), ValueError, "contiguous"),
+    (lambda: kernels_linear.linear(torch.randn(8, 2).T, torch.randn(4, 8)), ValueError, "unit stride"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5)), ValueError, r"\(4,\)"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(5, 8), silu_mul=True), ValueError, "even"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4)), ValueError, "out_features, in_features"),
+    (lambda: kernels_linear.linear([1.0], torch.randn(4, 8)), TypeError, "torch.Tensor"),
+    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), isa="sse9"), ValueError, "unknown ISA"),
+    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))(torch.randn(2, 8).bfloat16()), TypeError, "dtype"),
+    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))(torch.randn(2, 3, 8)), ValueError, "reshape"),
+    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))("x"), TypeError, "torch.Tensor"),
+])
+def test_misuse_raises_with_the_fix(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_unsupported_isa_is_refused():
+    missing = [name for name in kernels_linear.ISA_CODES if name != "auto" and name not in ISAS]
+    for name in missing:
+        with pytest.raises(ValueError, match="cannot run"):
+            kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), isa=name)
+
+
+def test_out_never_aliases_inputs_in_the_c_layer():
+    from pagedcore import _core
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    handle = _core.LinearHandle(w.data_ptr(), 0, 4, 8, 0, 0, 0, 0, 0, -1)
+    with pytest.raises(ValueError, match="overlaps"):
+        handle(x.data_ptr(), x.data_ptr(), 2, 8, 4)
+    with pytest.raises(ValueError, match="x_stride"):
+        handle(torch.empty(2, 4).data_ptr(), x.data_ptr(), 2, 3, 4)
