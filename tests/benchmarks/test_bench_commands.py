@@ -42,6 +42,8 @@ def test_throughput_workload_file_shared_prefix_and_long_prompt(tiny_model_folde
     common = ["--log-level", "WARNING", "bench", "throughput", "--model", tiny_model_folder, "--no-roofline", *TINY]
     assert main(common + ["--workload-file", str(path)]) == 0
     assert "workload: file" in capsys.readouterr().out
+    assert main(common + ["--workload", str(path)]) == 0            # a .json path works as the kind too
+    assert "workload: file" in capsys.readouterr().out
     # A 64-token budget prefills one prompt per step, so the later ones find the 48-token prefix cached
     # (3 full blocks of 16); all three in one step would find nothing yet.
     assert main(common + ["--workload", "shared-prefix", "--num-prompts", "3", "--prefix-len", "48",
@@ -129,7 +131,7 @@ def test_serve_against_an_openai_compatible_server(fake_openai_server, tmp_path,
     workloads.to_file(reqs, str(path))
     out_json = tmp_path / "serve.json"
     rc = main(["bench", "serve", "--base-url", fake_openai_server, "--workload-file", str(path),
-               "--request-rate", "50", "inf", "--max-concurrency", "3", "--output-json", str(out_json),
+               "--request-rate", "50", "inf", "--concurrency", "3", "--output-json", str(out_json),
                "--plot-dir", str(tmp_path / "plots")])
     text = capsys.readouterr().out
     assert rc == 0

@@ -19,9 +19,9 @@ def _rate(text: str) -> float:
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="synthetic", choices=WORKLOAD_KINDS,
+    g.add_argument("--workload", default="synthetic", metavar="KIND_OR_FILE",
                    help="synthetic (lognormal lengths), shared-prefix (prefix caching), long-prompt "
-                        "(chunked prefill) or file (--workload-file)")
+                        "(chunked prefill), file (--workload-file), or the path of a .json workload itself")
     g.add_argument("--workload-file", default=None,
                    help="JSON of token ids in the format of shared/bench/workload_n128_seed0.json (implies --workload file)")
     g.add_argument("--num-prompts", type=int, default=None,
@@ -38,6 +38,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def _command(module: str, function: str):
     def run(args):
+        kind = getattr(args, "workload", None)
+        if kind is not None and kind not in WORKLOAD_KINDS:
+            if not kind.endswith(".json"):
+                raise ValueError(f"--workload {kind!r}: give one of {', '.join(WORKLOAD_KINDS)} or a .json file")
+            args.workload_file = kind          # `--workload FILE.json` reads as --workload-file FILE.json
         if getattr(args, "workload_file", None):
             args.workload = "file"
         return getattr(importlib.import_module(f"pagedcore.benchmarks.{module}"), function)(args)
@@ -85,7 +90,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add_workload_args(p)
     p.add_argument("--request-rate", type=_rate, nargs="+", default=[math.inf],
                    help="requests per second, Poisson arrivals ('inf' = all at once); several values make a sweep")
-    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
+    p.add_argument("--max-concurrency", "--concurrency", type=int, default=None, help="most requests in flight at once")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a request counts as failed")
     p.add_argument("--vocab-size", type=int, default=49152,
                    help="token ids of synthetic workloads are drawn below this (the default model's vocabulary)")
