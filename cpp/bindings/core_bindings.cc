@@ -436,7 +436,9 @@ void bind_kernels(py::module_& m) {
 }  // namespace
 
 // ---- linear: begin (linear layers, fused norm / rotary ops; see cpp/kernels/linear.h) ----
+#include "kernels/decoder_stack.h"
 #include "kernels/linear.h"
+#include "kernels/norm.h"
 
 namespace {
 // Only forwards, like the kernels region: python/pagedcore/kernels_linear.py checks the tensors.
@@ -467,6 +469,46 @@ kernels::LinearIsa to_linear_isa(int32_t code) {
   return static_cast<kernels::LinearIsa>(code);
 }
 
+// Every decoder layer's weight pointers and the model's sizes (pagedcore.layers.decoder_stack
+// builds it once at load); run() takes one step's buffers and metadata.
+struct DecoderStack {
+  std::vector<kernels::DecoderLayerWeights> layers;
+  kernels::DecoderStackParams sizes;
+  kernels::LinearIsa isa = kernels::LinearIsa::kAuto;
+
+  void run(uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin, uintptr_t kv_cache,
+           int32_t cache_dtype, int64_t num_blocks, int64_t block_size, uintptr_t slot_mapping,
+           uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs,
+           int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens) const {
+    kernels::DecoderStackParams p = sizes;
+    p.layers = layers.data();
+    p.num_layers = static_cast<int64_t>(layers.size());
+    p.hidden = ptr<void>(hidden);
+    p.residual = ptr<void>(residual);
+    p.num_tokens = num_tokens;
+    p.cos_sin = ptr<const void>(cos_sin);
+    p.kv_cache = ptr<void>(kv_cache);
+    p.cache_dtype = to_dtype(cache_dtype);
+    p.num_blocks = num_blocks;
+    p.block_size = block_size;
+    p.slot_mapping = ptr<const int64_t>(slot_mapping);
+    p.block_tables = ptr<const int32_t>(block_tables);
+    p.seq_lens = ptr<const int32_t>(seq_lens);
+    p.query_start_loc = ptr<const int32_t>(query_start_loc);
+    p.num_seqs = num_seqs;
+    p.max_blocks_per_seq = max_blocks_per_seq;
+    p.max_query_len = max_query_len;
+    p.max_seq_len = max_seq_len;
+    p.num_actual_tokens = num_actual_tokens;
+    kernels::Status status;
+    {
+      py::gil_scoped_release release;
+      status = kernels::decoder_stack(p, isa);
+    }
+    raise_if_error(status);
+  }
+};
+
 void bind_linear(py::module_& m) {
   py::class_<LinearHandle>(m, "LinearHandle",
                            "Weight-side arguments of one linear layer (pagedcore.kernels_linear builds it).")
@@ -490,6 +532,43 @@ void bind_linear(py::module_& m) {
            py::arg("bias_dtype"), py::arg("out_dtype"), py::arg("epilogue"), py::arg("isa"))
       .def("__call__", &LinearHandle::run, py::arg("out"), py::arg("x"), py::arg("M"), py::arg("x_stride"),
            py::arg("out_stride"), "out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller).");
+  py::class_<DecoderStack>(m, "DecoderStack",
+                           "Weight pointers of every decoder layer (pagedcore.layers.decoder_stack builds it).")
+      .def(py::init([](const std::vector<std::vector<uintptr_t>>& layer_ptrs, int64_t hidden_size, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t intermediate_size, double rms_norm_eps,
+                       double attn_scale, int32_t dtype, int32_t isa) {
+             DecoderStack s;
+             for (const auto& v : layer_ptrs) {
+               if (v.size() != 9)
+                 throw py::value_error("each layer needs 9 pointers: input_norm, post_norm, q_norm, k_norm, qkv, "
+                                       "qkv_bias, o_proj, gate_up, down");
+               kernels::DecoderLayerWeights w;
+               w.input_norm = ptr<const void>(v[0]);
+               w.post_norm = ptr<const void>(v[1]);
+               w.q_norm = ptr<const void>(v[2]);
+               w.k_norm = ptr<const void>(v[3]);
+               w.qkv = ptr<const void>(v[4]);
+               w.qkv_bias = ptr<const void>(v[5]);
+               w.o_proj = ptr<const void>(v[6]);
+               w.gate_up = ptr<const void>(v[7]);
+               w.down = ptr<const void>(v[8]);
+               s.layers.push_back(w);
+             }
+             s.sizes.hidden_size = hidden_size;
+             s.sizes.num_heads = num_heads;
+             s.sizes.num_kv_heads = num_kv_heads;
+             s.sizes.head_dim = head_dim;
+             s.sizes.intermediate_size = intermediate_size;
+             s.sizes.rms_norm_eps = static_cast<float>(rms_norm_eps);
+             s.sizes.attn_scale = static_cast<float>(attn_scale);
+             s.sizes.dtype = to_dtype(dtype);
+             s.isa = to_linear_isa(isa);
+             return s;
+           }),
+           py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
+           py::arg("dtype"), py::arg("isa"))
+      .def("run", &DecoderStack::run, "One step through every layer (raw pointers; checked by the caller).");
   m.def("linear_isa_name", [](int32_t code) { return std::string(kernels::linear_isa_name(to_linear_isa(code))); });
   m.def("linear_isa_supported", [](int32_t code) { return kernels::linear_isa_supported(to_linear_isa(code)); });
   m.def("linear_auto_isa", []() { return static_cast<int32_t>(kernels::linear_auto_isa()); },
@@ -499,6 +578,52 @@ void bind_linear(py::module_& m) {
       [](int64_t n_chunk, int64_t m_chunk) { kernels::set_linear_tuning({n_chunk, m_chunk}); },
       py::arg("n_chunk") = 0, py::arg("m_chunk") = 0,
       "Task sizes of the linear kernel (tests, benchmarks); 0 restores a default.");
+  m.def(
+      "rms_norm_cpu",
+      [](uintptr_t out, uintptr_t residual, uintptr_t x, uintptr_t weight, int64_t rows, int64_t n,
+         int64_t x_stride, int64_t out_stride, int64_t residual_stride, double eps, int32_t dtype, int32_t isa) {
+        kernels::RmsNormParams p;
+        p.out = ptr<void>(out);
+        p.residual = ptr<void>(residual);
+        p.x = ptr<const void>(x);
+        p.weight = ptr<const void>(weight);
+        p.rows = rows;
+        p.n = n;
+        p.x_stride = x_stride;
+        p.out_stride = out_stride;
+        p.residual_stride = residual_stride;
+        p.eps = static_cast<float>(eps);
+        p.dtype = to_dtype(dtype);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::rms_norm(p, to_linear_isa(isa));
+        }
+        raise_if_error(status);
+      },
+      "Raw-pointer entry of pagedcore.kernels_linear.rms_norm (call that instead).");
+  m.def(
+      "rotary_embedding_cpu",
+      [](uintptr_t x, uintptr_t cos_sin, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+         int64_t x_stride_token, int64_t x_stride_head, int64_t cos_sin_stride, int32_t dtype, int32_t isa) {
+        kernels::RotaryParams p;
+        p.x = ptr<void>(x);
+        p.cos_sin = ptr<const void>(cos_sin);
+        p.num_tokens = num_tokens;
+        p.num_heads = num_heads;
+        p.head_dim = head_dim;
+        p.x_stride_token = x_stride_token;
+        p.x_stride_head = x_stride_head;
+        p.cos_sin_stride = cos_sin_stride;
+        p.dtype = to_dtype(dtype);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::rotary_embedding(p, to_linear_isa(isa));
+        }
+        raise_if_error(status);
+      },
+      "Raw-pointer entry of pagedcore.kernels_linear.rotary_embedding (call that instead).");
   m.def(
       "linear_read_probe",
       [](uintptr_t data, int64_t bytes, int threads, int32_t isa) {

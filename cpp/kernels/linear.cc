@@ -15,7 +15,12 @@ namespace pagedcore {
 namespace kernels {
 namespace {
 
-// Bytes of weight rows per task: the task's W rows stay in L2 while its x rows pass over them.
+// Up to this many rows of x, each thread takes one contiguous run of weight rows and streams it
+// once (weight tiles outer, rows inner). Measured on 2 cores (bench/bench_linear.py): one run per
+// thread reaches the read bandwidth (41 GB/s bf16, 37 fp32 at M = 1), where cache-sized tasks
+// handed out in turn reach 26-30: each new run restarts the prefetchers.
+constexpr int64_t kStreamRows = 32;
+// Past it, tasks of rows x weight rows: the task's weight rows stay in L2 while its rows pass.
 constexpr int64_t kTaskWeightBytes = 96 << 10;
 // Bytes of fp32 x rows per task (an L2-sized share).
 constexpr int64_t kTaskXBytes = 256 << 10;
@@ -205,6 +210,8 @@ bool linear_isa_supported(LinearIsa isa) {
 
 LinearIsa linear_auto_isa() { return resolve(LinearIsa::kAuto); }
 
+const LinearIsaKernels& linear_isa_kernels(LinearIsa isa) { return kernels_for(resolve(isa)); }
+
 void set_linear_tuning(const LinearTuning& tuning) {
   g_n_chunk.store(tuning.n_chunk > 0 ? tuning.n_chunk : 0);
   g_m_chunk.store(tuning.m_chunk > 0 ? tuning.m_chunk : 0);
@@ -261,15 +268,21 @@ Status linear(const LinearParams& p, LinearIsa isa) {
   // Tasks: m_chunk rows of x x n_chunk output columns.
   const int threads = std::max(1, max_threads());
   const int64_t row_bytes = std::max<int64_t>(1, p.K * elem_size(p.w_dtype) * (silu ? 2 : 1));
+  const bool stream = p.M <= kStreamRows;
+  plan.args.n_outer = stream;
   int64_t n_chunk = g_n_chunk.load();
   if (n_chunk <= 0) {
-    const int64_t balance = (out_cols + kTasksPerThread * threads - 1) / (kTasksPerThread * threads);
-    n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
+    if (stream) {
+      n_chunk = (out_cols + threads - 1) / threads;
+    } else {
+      const int64_t balance = (out_cols + kTasksPerThread * threads - 1) / (kTasksPerThread * threads);
+      n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
+    }
     n_chunk = std::max<int64_t>(8, (n_chunk + 7) / 8 * 8);
   }
   int64_t m_chunk = g_m_chunk.load();
   if (m_chunk <= 0) {
-    m_chunk = std::max<int64_t>(12, kTaskXBytes / std::max<int64_t>(1, p.K * 4) / 12 * 12);
+    m_chunk = stream ? p.M : std::max<int64_t>(12, kTaskXBytes / std::max<int64_t>(1, p.K * 4) / 12 * 12);
     if (m_chunk >= p.M) m_chunk = p.M;
   }
   plan.n_chunk = n_chunk;

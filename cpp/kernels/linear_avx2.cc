@@ -20,6 +20,7 @@ struct Vec {
   static R load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, R a) { _mm256_storeu_ps(p, a); }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R div(R a, R b) { return _mm256_div_ps(a, b); }
   static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }

@@ -67,11 +67,26 @@ inline float w_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
   else return bf16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
 }
 
-// dst[i * ds + j] = x[m + i] . W[n + j] for i < MR, j < NR.
+// A slice [k0, k1) of the vector part of K (whole chunks); `first` stores the tile's sums, later
+// slices add to them; `last` also adds the scalar tail past the vector part.
+struct KSlice {
+  int64_t k0, k1;
+  bool first, last;
+};
+
+// Elements of K per slice: an x block (kMaxRows rows, fp32) and a weight tile stay in L1 together
+// (K = 1536 in one slice ran at 60% of the speed of K = 576 for lack of it).
+constexpr int64_t kKSlice = 512;
+constexpr int64_t kKSliceMax = 768;  // up to this, K is one slice
+
+template <int kMode>
+constexpr int chunk_of() { return kMode == kF32 ? W : 2 * W; }
+
+// dst[i * ds + j] (=, or += after the first slice) x[m + i, k slice] . W[n + j, k slice], i < MR, j < NR.
 template <int MR, int NR, int kMode>
-inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int64_t ds) {
+inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int64_t ds, const KSlice& ks) {
   const int64_t K = a.K;
-  constexpr int kChunk = kMode == kF32 ? W : 2 * W;
+  constexpr int kChunk = chunk_of<kMode>();
   const int64_t k_vec = K - K % kChunk;
   constexpr int kAcc = MR * NR;
   // Few rows of x: the tile streams its weights once; fetch the next tile's rows (they follow
@@ -88,7 +103,7 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
     const float* wr[NR];
     for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
     for (int j = 0; j < NR; ++j) wr[j] = static_cast<const float*>(a.w) + (n + j) * K;
-    for (int64_t k = 0; k < k_vec; k += kChunk) {
+    for (int64_t k = ks.k0; k < ks.k1; k += kChunk) {
       if constexpr (kPrefetch) {
         if ((k & (kLineFloats - 1)) == 0)
           for (int j = 0; j < NR; ++j) __builtin_prefetch(wr[j] + 2 * NR * K + k, 0, 1);
@@ -108,7 +123,7 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
     const uint16_t* wr[NR];
     for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
     for (int j = 0; j < NR; ++j) wr[j] = static_cast<const uint16_t*>(a.w) + (n + j) * K;
-    for (int64_t k = 0; k < k_vec; k += kChunk) {
+    for (int64_t k = ks.k0; k < ks.k1; k += kChunk) {
       if constexpr (kPrefetch) {
         if ((k & (2 * kLineFloats - 1)) == 0)
           for (int j = 0; j < NR; ++j) __builtin_prefetch(wr[j] + 2 * NR * K + k, 0, 1);
@@ -136,7 +151,7 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
       const uint16_t* wr[NR];
       for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
       for (int j = 0; j < NR; ++j) wr[j] = static_cast<const uint16_t*>(a.w) + (n + j) * K;
-      for (int64_t k = 0; k < k_vec; k += kChunk) {
+      for (int64_t k = ks.k0; k < ks.k1; k += kChunk) {
         typename V::RI xv[MR];
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) xv[i] = V::load_i(xr[i] + k);
@@ -156,7 +171,7 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
   for (; q + 4 <= kAcc; q += 4) V::hsum4(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], sums + q);
 #pragma GCC unroll 4
   for (; q < kAcc; ++q) sums[q] = V::hsum(acc[q]);
-  if (k_vec < K) {
+  if (ks.last && k_vec < K) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
         float s = 0.f;
@@ -164,47 +179,104 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
         sums[i * NR + j] += s;
       }
   }
+  if (ks.first) {
 #pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) dst[i * ds + j] = sums[i * NR + j];
+      for (int j = 0; j < NR; ++j) dst[i * ds + j] = sums[i * NR + j];
+  } else {
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) dst[i * ds + j] += sums[i * NR + j];
+  }
 }
 
 // Rows [m, m + MR) against W rows [n_begin, n_end): full tiles, then 4-, 2- and 1-column tiles.
 template <int MR, int kMode>
 inline void row_panel(const LinearBlockArgs& a, int64_t m, int64_t n_begin, int64_t n_end, float* dst,
-                      int64_t ds) {
+                      int64_t ds, const KSlice& ks) {
   constexpr int NR = tile_cols(kMode, MR);
   int64_t n = n_begin;
-  for (; n + NR <= n_end; n += NR) tile<MR, NR, kMode>(a, m, n, dst + (n - n_begin), ds);
+  for (; n + NR <= n_end; n += NR) tile<MR, NR, kMode>(a, m, n, dst + (n - n_begin), ds, ks);
   if constexpr (NR > 4) {
     if (n + 4 <= n_end) {
-      tile<MR, 4, kMode>(a, m, n, dst + (n - n_begin), ds);
+      tile<MR, 4, kMode>(a, m, n, dst + (n - n_begin), ds, ks);
       n += 4;
     }
   }
   if constexpr (NR > 2) {
     if (n + 2 <= n_end) {
-      tile<MR, 2, kMode>(a, m, n, dst + (n - n_begin), ds);
+      tile<MR, 2, kMode>(a, m, n, dst + (n - n_begin), ds, ks);
       n += 2;
     }
   }
   if constexpr (NR > 1) {
-    if (n < n_end) tile<MR, 1, kMode>(a, m, n, dst + (n - n_begin), ds);
+    if (n < n_end) tile<MR, 1, kMode>(a, m, n, dst + (n - n_begin), ds, ks);
   }
+}
+
+// Every row [m_begin, m_end) against the NR weight rows at n: kMaxRows-row tiles, then the rest.
+template <int NR, int kMode>
+inline void column_panel(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n, float* dst,
+                         int64_t ds, const KSlice& ks) {
+  int64_t m = m_begin;
+  for (; m + kMaxRows <= m_end; m += kMaxRows)
+    tile<kMaxRows, NR, kMode>(a, m, n, dst + (m - m_begin) * ds, ds, ks);
+  const int64_t rest = m_end - m;
+  float* d = dst + (m - m_begin) * ds;
+  if (kMaxRows > 3 && rest == 3) tile<3, NR, kMode>(a, m, n, d, ds, ks);
+  else if (rest == 2) tile<2, NR, kMode>(a, m, n, d, ds, ks);
+  else if (rest == 1) tile<1, NR, kMode>(a, m, n, d, ds, ks);
+}
+
+// The K slices of a call: one when K is short, else kKSlice-element slices (whole chunks).
+template <int kMode>
+inline int64_t num_slices(int64_t K) {
+  const int64_t k_vec = K - K % chunk_of<kMode>();
+  return k_vec <= kKSliceMax ? 1 : (k_vec + kKSlice - 1) / kKSlice;
+}
+template <int kMode>
+inline KSlice slice(int64_t K, int64_t s, int64_t count) {
+  const int64_t k_vec = K - K % chunk_of<kMode>();
+  if (count == 1) return {0, k_vec, true, true};
+  const int64_t k0 = s * kKSlice, k1 = s + 1 == count ? k_vec : k0 + kKSlice;
+  return {k0, k1, s == 0, s + 1 == count};
 }
 
 template <int kMode>
 void block(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* dst,
            int64_t ds) {
-  int64_t m = m_begin;
-  for (; m + kMaxRows <= m_end; m += kMaxRows)
-    row_panel<kMaxRows, kMode>(a, m, n_begin, n_end, dst + (m - m_begin) * ds, ds);
-  const int64_t rest = m_end - m;
-  float* d = dst + (m - m_begin) * ds;
-  if (kMaxRows > 3 && rest == 3) row_panel<3, kMode>(a, m, n_begin, n_end, d, ds);
-  else if (rest == 2) row_panel<2, kMode>(a, m, n_begin, n_end, d, ds);
-  else if (rest == 1) row_panel<1, kMode>(a, m, n_begin, n_end, d, ds);
+  const int64_t slices = num_slices<kMode>(a.K);
+  if (a.n_outer && m_end - m_begin > kMaxRows) {
+    // Few rows, many weights: each weight tile is read from memory once and used for every row
+    // while it sits in L1; x (a few rows) stays in L1/L2. The task's weight rows stream in order.
+    constexpr int NR = tile_cols(kMode, kMaxRows);
+    int64_t n = n_begin;
+    for (; n + NR <= n_end; n += NR)
+      for (int64_t s = 0; s < slices; ++s)
+        column_panel<NR, kMode>(a, m_begin, m_end, n, dst + (n - n_begin), ds, slice<kMode>(a.K, s, slices));
+    for (; n + 2 <= n_end; n += 2)
+      for (int64_t s = 0; s < slices; ++s)
+        column_panel<2, kMode>(a, m_begin, m_end, n, dst + (n - n_begin), ds, slice<kMode>(a.K, s, slices));
+    if (n < n_end)
+      for (int64_t s = 0; s < slices; ++s)
+        column_panel<1, kMode>(a, m_begin, m_end, n, dst + (n - n_begin), ds, slice<kMode>(a.K, s, slices));
+    return;
+  }
+  // Many rows (or one row block): x rows kMaxRows at a time from L1, against the task's weight
+  // rows held in L2, one K slice at a time.
+  for (int64_t s = 0; s < slices; ++s) {
+    const KSlice ks = slice<kMode>(a.K, s, slices);
+    int64_t m = m_begin;
+    for (; m + kMaxRows <= m_end; m += kMaxRows)
+      row_panel<kMaxRows, kMode>(a, m, n_begin, n_end, dst + (m - m_begin) * ds, ds, ks);
+    const int64_t rest = m_end - m;
+    float* d = dst + (m - m_begin) * ds;
+    if (kMaxRows > 3 && rest == 3) row_panel<3, kMode>(a, m, n_begin, n_end, d, ds, ks);
+    else if (rest == 2) row_panel<2, kMode>(a, m, n_begin, n_end, d, ds, ks);
+    else if (rest == 1) row_panel<1, kMode>(a, m, n_begin, n_end, d, ds, ks);
+  }
 }
 
 void block_f32(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
@@ -219,6 +291,7 @@ void block_bf16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0
 }
 
 // -- epilogue -------------------------------------------------------------------------------------
+// (Shared with norm_impl.h: load_any, the exact-rounding helpers.)
 
 inline R load_any(const void* p, DType t, int64_t i) {
   if (t == DType::kFloat32) return V::load(static_cast<const float*>(p) + i);
@@ -300,12 +373,24 @@ float read(const void* data, int64_t bytes) {
   return s;
 }
 
+}  // namespace PC_LINEAR_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore
+
+#include "kernels/norm_impl.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_LINEAR_NAMESPACE {
+
 const LinearIsaKernels kKernels = {W,
                                    &block_f32,
                                    &block_bf16,
                                    V::kHasDotBf16 ? &block_bf16_dot : nullptr,
                                    &epilogue,
-                                   &read};
+                                   &read,
+                                   &rms_norm_rows,
+                                   &rotary_rows};
 
 const LinearIsaKernels& linear_kernels() { return kKernels; }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/linear.h"
+#include "kernels/norm.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -30,6 +31,9 @@ struct LinearBlockArgs {
   int64_t x_stride = 0;
   const void* w = nullptr;  // [N, K] contiguous rows, fp32 or bf16 by the block function
   int64_t K = 0;
+  // Loop order of a block: weight tiles outer, rows of x inner (few rows: the weights stream once
+  // from memory in long runs), or rows outer (many rows: the block's weights stay in L2).
+  bool n_outer = false;
 };
 
 // dst[(m - m_begin) * dst_stride + (n - n_begin)] = x[m] . W[n] for m in [m_begin, m_end),
@@ -58,6 +62,10 @@ using LinearEpilogueFn = void (*)(const LinearEpilogueArgs& a);
 // Sum of bytes / 4 floats from data (a bandwidth probe; the value is meaningless).
 using LinearReadFn = float (*)(const void* data, int64_t bytes);
 
+// norm.h's ops over rows [begin, end) of a checked call (tokens, for the rotary embedding).
+using RmsNormRowsFn = void (*)(const RmsNormParams& p, int64_t row_begin, int64_t row_end);
+using RotaryRowsFn = void (*)(const RotaryParams& p, int64_t token_begin, int64_t token_end);
+
 struct LinearIsaKernels {
   int lanes;                     // W: the pair-order chunk is 2 W
   LinearBlockFn block_f32;       // fp32 x32, fp32 W
@@ -65,7 +73,12 @@ struct LinearIsaKernels {
   LinearBlockFn block_bf16_dot;  // bf16 x16, bf16 W; nullptr unless this ISA has bf16 dot products
   LinearEpilogueFn epilogue;
   LinearReadFn read;
+  RmsNormRowsFn rms_norm_rows;
+  RotaryRowsFn rotary_rows;
 };
+
+// The kernels of `isa` (kAuto: this CPU's best); the caller has checked linear_isa_supported.
+const LinearIsaKernels& linear_isa_kernels(LinearIsa isa);
 
 namespace linear_generic8 { const LinearIsaKernels& linear_kernels(); }
 namespace linear_generic16 { const LinearIsaKernels& linear_kernels(); }

@@ -56,6 +56,11 @@ struct LinearVecGeneric {
     for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i];
     return r;
   }
+  static R sub(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - b.v[i];
+    return r;
+  }
   static R mul(const R& a, const R& b) {
     R r;
     for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i];

@@ -1,10 +1,18 @@
-"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer."""
+"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
+
+2-D CPU inputs run one fused kernel call (pagedcore.kernels_linear.rms_norm: add, normalise, scale
+in one pass, rounded as the torch ops below); anything else takes the torch ops.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pagedcore import kernels_linear
+
+_KERNEL = kernels_linear.available()
 
 
 class RMSNorm(nn.Module):
@@ -22,11 +30,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hidden] -> [..., hidden]."""
+        if _KERNEL and x.dim() == 2 and x.is_cpu:
+            return kernels_linear.rms_norm(x, self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # fp32 [..., hidden]
         return normed.to(x.dtype).mul_(self.weight)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual <- residual + x (in place: the running residual stream, owned by the model);
         returns (norm(residual), residual). Both [num_tokens, hidden]."""
+        if _KERNEL and x.dim() == 2 and x.is_cpu:
+            return kernels_linear.rms_norm(x, self.weight, self.eps, residual), residual
         residual.add_(x)  # HF adds the same two terms; fp addition commutes exactly
         return self.forward(residual), residual

@@ -13,6 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedcore import kernels_linear
+
+_KERNEL = kernels_linear.available()
+
 
 def inverse_frequencies(head_dim: int, theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
     """fp32 [head_dim // 2]: theta ** (-2i / head_dim), rescaled as rope_scaling says."""
@@ -63,21 +67,25 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = self.inv_freq / freq_factors.float().reshape(-1)
         self.cos_sin_cache = self._build_cache().to(self.cos_sin_cache)  # keeps its dtype and device
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions int64 [num_tokens] -> (cos, sin), each [num_tokens, 1, head_dim // 2] (views).
-        Called once per step; every layer reuses the pair in apply_rotary_emb."""
-        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [num_tokens, head_dim]
-        half = self.head_dim // 2
-        return cos_sin[:, None, :half], cos_sin[:, None, half:]
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions int64 [num_tokens] -> cos_sin [num_tokens, head_dim]: each row [cos | sin] of
+        its position. Called once per step; every layer reuses it in apply_rotary_emb."""
+        return self.cos_sin_cache.index_select(0, positions)
 
 
-def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotates x [num_tokens, num_heads, head_dim] in place; cos, sin [num_tokens, 1, head_dim // 2].
+def apply_rotary_emb(x: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    """Rotates x [num_tokens, num_heads, head_dim] in place; cos_sin [num_tokens, head_dim] from
+    RotaryEmbedding.forward.
 
     q and k may be one view of the fused qkv output, so both rotate in one call. The products and
-    sums are HF's x * cos + rotate_half(x) * sin term for term, so results are bit-identical to it.
+    sums are HF's x * cos + rotate_half(x) * sin term for term, so results are bit-identical to it
+    (on the CPU one fused kernel call, pagedcore.kernels_linear.rotary_embedding; else torch ops).
     """
+    if _KERNEL and x.is_cpu:
+        kernels_linear.rotary_embedding(x, cos_sin)
+        return
     half = x.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [num_tokens, 1, head_dim // 2]
     x1 = x[..., :half]  # [num_tokens, num_heads, head_dim // 2]
     x2 = x[..., half:]
     x1_sin = x1 * sin  # taken before x1 is overwritten

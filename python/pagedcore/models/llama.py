@@ -16,6 +16,8 @@ from torch import nn
 
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
+from pagedcore import kernels_linear
+from pagedcore.layers.decoder_stack import DecoderStack, LayerTensors
 from pagedcore.layers.linear import KernelBinding
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
@@ -50,7 +52,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(config.num_heads, config.num_kv_heads, config.head_dim,
                               scale=config.head_dim ** -0.5)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, cos_sin: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         """hidden [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
@@ -62,7 +64,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:  # Qwen3: normalise each head before RoPE, back into the same buffer
             qk[:, :self.num_heads] = self.q_norm(qk[:, :self.num_heads])
             qk[:, self.num_heads:] = self.k_norm(qk[:, self.num_heads:])
-        apply_rotary_emb(qk, cos, sin)  # q and k rotate together: [num_tokens, num_qk_heads, head_dim]
+        apply_rotary_emb(qk, cos_sin)  # q and k rotate together: [num_tokens, num_qk_heads, head_dim]
         out = self.attn(qk[:, :self.num_heads], qk[:, self.num_heads:], v,
                         key_cache, value_cache, attn_metadata)  # [num_tokens, num_heads * head_dim]
         return self.o_proj(out)
@@ -89,8 +91,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor,
+                key_cache: torch.Tensor, value_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous layer's output, not yet added into residual (both [num_tokens, hidden_size]);
         the first layer gets the embeddings and residual None. Returns (output, residual)."""
@@ -99,7 +101,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, key_cache, value_cache, attn_metadata)
+        hidden = self.self_attn(hidden, cos_sin, key_cache, value_cache, attn_metadata)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -113,18 +115,51 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                           config.rope_theta, config.rope_scaling, dtype)
+        self.config = config
+        self._stack: DecoderStack | None = None  # built at the first small step (weights loaded by then)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
-        cos, sin = self.rotary_emb(positions)  # the one cos/sin lookup of the step
-        residual = None
-        for index, layer in enumerate(self.layers):
-            layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
-            hidden, residual = layer(hidden, residual, cos, sin, layer_cache[0], layer_cache[1],
-                                     attn_metadata)
+        cos_sin = self.rotary_emb(positions)  # [num_tokens, head_dim]: the one lookup of the step
+        stack = self._decoder_stack()
+        if stack is not None and stack.takes(hidden, kv_cache):
+            # Small steps: every layer in one C++ call (same ops, same rounding; no dispatch between ops).
+            hidden, residual = stack(hidden, cos_sin, kv_cache, attn_metadata)
+        else:
+            residual = None
+            for index, layer in enumerate(self.layers):
+                layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+                hidden, residual = layer(hidden, residual, cos_sin, layer_cache[0], layer_cache[1],
+                                         attn_metadata)
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
+
+    def _decoder_stack(self) -> DecoderStack | None:
+        """The C++ stack over these layers' weights, built at first use and again if they moved;
+        None where it cannot run them (no kernel, not fp32/bf16, weights off the CPU)."""
+        qkv = self.layers[0].self_attn.qkv_proj.weight
+        stack = self._stack
+        if stack is not None and stack.matches(qkv):
+            return stack
+        self._stack = None
+        if not (kernels_linear.available() and qkv.is_cpu and qkv.dtype in (torch.float32, torch.bfloat16)):
+            return None
+        cfg = self.config
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(LayerTensors(
+                input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
+                q_norm=attn.q_norm.weight if attn.q_norm is not None else None,
+                k_norm=attn.k_norm.weight if attn.k_norm is not None else None,
+                qkv=attn.qkv_proj.weight, qkv_bias=attn.qkv_proj.bias, o_proj=attn.o_proj.weight,
+                gate_up=mlp.gate_up_proj.weight, down=mlp.down_proj.weight))
+        self._stack = DecoderStack(layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
+                                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                   intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
+                                   attn_scale=self.layers[0].self_attn.attn.scale)
+        return self._stack
 
 
 class LlamaForCausalLM(nn.Module):

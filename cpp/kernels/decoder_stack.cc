@@ -1,0 +1,198 @@
+// decoder_stack: every decoder layer of a step in one call (see decoder_stack.h for the op order).
+// This file only sequences the kernels; each op checks its own arguments and returns a Status.
+#include "kernels/decoder_stack.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cache_kernels.h"
+#include "kernels/norm.h"
+#include "kernels/paged_attention.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Activation buffers of a step, per calling thread, reused across calls.
+struct StackWorkspace {
+  std::vector<char> h, qkv, attn, tmp, act;
+  static void* get(std::vector<char>& v, int64_t bytes) {
+    if (v.size() < static_cast<size_t>(bytes)) v.resize(bytes);
+    return v.data();
+  }
+};
+StackWorkspace& workspace() {
+  static thread_local StackWorkspace ws;
+  return ws;
+}
+
+Status check(const DecoderStackParams& p) {
+  if (!p.layers || p.num_layers <= 0) return Status::invalid("decoder_stack: no layers");
+  if (p.hidden_size <= 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.head_dim <= 0 ||
+      p.intermediate_size <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 2 != 0)
+    return Status::invalid("decoder_stack: invalid model sizes (hidden " + str(p.hidden_size) + ", heads " +
+                           str(p.num_heads) + "/" + str(p.num_kv_heads) + ", head_dim " + str(p.head_dim) +
+                           ", intermediate " + str(p.intermediate_size) + ")");
+  if (p.num_tokens < 0) return Status::invalid("decoder_stack: negative num_tokens");
+  if (p.num_tokens > 0 && (!p.hidden || !p.residual || !p.cos_sin || !p.kv_cache))
+    return Status::invalid("decoder_stack: a data pointer is null");
+  if (p.num_actual_tokens > p.num_tokens)
+    return Status::invalid("decoder_stack: num_actual_tokens " + str(p.num_actual_tokens) + " > num_tokens " +
+                           str(p.num_tokens));
+  for (int64_t l = 0; l < p.num_layers; ++l) {
+    const DecoderLayerWeights& w = p.layers[l];
+    if (!w.input_norm || !w.post_norm || !w.qkv || !w.o_proj || !w.gate_up || !w.down ||
+        (w.q_norm == nullptr) != (w.k_norm == nullptr))
+      return Status::invalid("decoder_stack: layer " + str(l) + " misses a weight");
+  }
+  return Status::ok();
+}
+
+int64_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+char* at(void* base, int64_t elements, DType t) { return static_cast<char*>(base) + elements * esize(t); }
+
+}  // namespace
+
+Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
+  Status st = check(p);
+  if (!st.is_ok() || p.num_tokens == 0) return st;
+  const int64_t T = p.num_tokens, E = p.hidden_size, H = p.num_heads, Hkv = p.num_kv_heads, D = p.head_dim;
+  const int64_t I = p.intermediate_size, q_size = H * D, kv_size = Hkv * D, qkv_size = q_size + 2 * kv_size;
+  const int64_t num_actual = p.num_actual_tokens < 0 ? T : p.num_actual_tokens;
+  const DType t = p.dtype;
+  const int64_t es = esize(t);
+
+  StackWorkspace& ws = workspace();
+  void* h = StackWorkspace::get(ws.h, T * E * es);           // [T, E] normalised input of a block
+  void* qkv = StackWorkspace::get(ws.qkv, T * qkv_size * es);  // [T, q | k | v]
+  void* attn = StackWorkspace::get(ws.attn, T * q_size * es);  // [T, H D]
+  void* tmp = StackWorkspace::get(ws.tmp, T * E * es);       // [T, E] attention block output
+  void* act = StackWorkspace::get(ws.act, T * I * es);       // [T, I] SwiGLU output
+
+  // Linear calls differ in weights, sizes and epilogue only.
+  auto linear_call = [&](const void* weight, const void* bias, int64_t N, int64_t K, const void* x, void* out,
+                         LinearEpilogue epilogue) {
+    LinearParams lp;
+    lp.out = out;
+    lp.x = x;
+    lp.weight = weight;
+    lp.bias = bias;
+    lp.M = T;
+    lp.N = N;
+    lp.K = K;
+    lp.x_stride = K;
+    lp.out_stride = epilogue == LinearEpilogue::kSiluMul ? N / 2 : N;
+    lp.x_dtype = lp.w_dtype = lp.bias_dtype = lp.out_dtype = t;
+    lp.epilogue = epilogue;
+    return linear(lp, isa);
+  };
+  auto norm_call = [&](const void* weight, const void* x, void* residual, void* out, int64_t rows, int64_t n,
+                       int64_t stride) {
+    RmsNormParams np;
+    np.out = out;
+    np.residual = residual;
+    np.x = x;
+    np.weight = weight;
+    np.rows = rows;
+    np.n = n;
+    np.x_stride = np.out_stride = np.residual_stride = stride;
+    np.eps = p.rms_norm_eps;
+    np.dtype = t;
+    return rms_norm(np, isa);
+  };
+
+  // One layer's K/V planes: kv_cache[l, 0] and kv_cache[l, 1].
+  const int64_t plane = p.num_blocks * Hkv * p.block_size * D;
+  for (int64_t l = 0; l < p.num_layers; ++l) {
+    const DecoderLayerWeights& w = p.layers[l];
+    // input_layernorm (with the previous layer's residual add)
+    if (l == 0) {
+      std::memcpy(p.residual, p.hidden, T * E * es);
+      st = norm_call(w.input_norm, p.hidden, nullptr, h, T, E, E);
+    } else {
+      st = norm_call(w.input_norm, p.hidden, p.residual, h, T, E, E);
+    }
+    if (!st.is_ok()) return st;
+    // q | k | v
+    if (!(st = linear_call(w.qkv, w.qkv_bias, qkv_size, E, h, qkv, LinearEpilogue::kNone)).is_ok()) return st;
+    if (w.q_norm) {  // Qwen3: each head normalised over D, in place
+      for (int64_t tok = 0; tok < T; ++tok) {
+        void* row = at(qkv, tok * qkv_size, t);
+        if (!(st = norm_call(w.q_norm, row, nullptr, row, H, D, D)).is_ok()) return st;
+        void* krow = at(qkv, tok * qkv_size + q_size, t);
+        if (!(st = norm_call(w.k_norm, krow, nullptr, krow, Hkv, D, D)).is_ok()) return st;
+      }
+    }
+    RotaryParams rp;
+    rp.x = qkv;
+    rp.cos_sin = p.cos_sin;
+    rp.num_tokens = T;
+    rp.num_heads = H + Hkv;  // q and k heads are adjacent in each row
+    rp.head_dim = D;
+    rp.x_stride_token = qkv_size;
+    rp.x_stride_head = D;
+    rp.cos_sin_stride = D;
+    rp.dtype = t;
+    if (!(st = rotary_embedding(rp, isa)).is_ok()) return st;
+    // this step's K/V into the cache, then attention
+    void* key_cache = at(p.kv_cache, (2 * l) * plane, p.cache_dtype);
+    void* value_cache = at(p.kv_cache, (2 * l + 1) * plane, p.cache_dtype);
+    ReshapeAndCacheParams cp;
+    cp.key = at(qkv, q_size, t);
+    cp.value = at(qkv, q_size + kv_size, t);
+    cp.key_cache = key_cache;
+    cp.value_cache = value_cache;
+    cp.slot_mapping = p.slot_mapping;
+    cp.num_tokens = T;
+    cp.num_kv_heads = Hkv;
+    cp.head_size = D;
+    cp.num_blocks = p.num_blocks;
+    cp.block_size = p.block_size;
+    cp.key_stride_token = cp.value_stride_token = qkv_size;
+    cp.key_stride_head = cp.value_stride_head = D;
+    cp.src_dtype = t;
+    cp.cache_dtype = p.cache_dtype;
+    if (!(st = reshape_and_cache(cp)).is_ok()) return st;
+    PagedAttentionParams ap;
+    ap.out = attn;
+    ap.query = qkv;
+    ap.key_cache = key_cache;
+    ap.value_cache = value_cache;
+    ap.block_tables = p.block_tables;
+    ap.seq_lens = p.seq_lens;
+    ap.query_start_loc = p.query_start_loc;
+    ap.num_seqs = p.num_seqs;
+    ap.num_tokens = num_actual;
+    ap.num_heads = H;
+    ap.num_kv_heads = Hkv;
+    ap.head_size = D;
+    ap.num_blocks = p.num_blocks;
+    ap.block_size = p.block_size;
+    ap.max_blocks_per_seq = p.max_blocks_per_seq;
+    ap.q_stride_token = qkv_size;
+    ap.q_stride_head = D;
+    ap.out_stride_token = q_size;
+    ap.out_stride_head = D;
+    ap.q_dtype = t;
+    ap.cache_dtype = p.cache_dtype;
+    ap.scale = p.attn_scale;
+    ap.max_query_len = p.max_query_len;
+    ap.max_seq_len = p.max_seq_len;
+    if (!(st = paged_attention(ap)).is_ok()) return st;
+    if (num_actual < T) std::memset(at(attn, num_actual * q_size, t), 0, (T - num_actual) * q_size * es);
+    // o_proj, then post_attention_layernorm with the residual add
+    if (!(st = linear_call(w.o_proj, nullptr, E, q_size, attn, tmp, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = norm_call(w.post_norm, tmp, p.residual, h, T, E, E)).is_ok()) return st;
+    // MLP
+    if (!(st = linear_call(w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
+    if (!(st = linear_call(w.down, nullptr, E, I, act, p.hidden, LinearEpilogue::kNone)).is_ok()) return st;
+  }
+  return Status::ok();
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

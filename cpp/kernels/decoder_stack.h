@@ -1,0 +1,81 @@
+// Every decoder layer of a Llama-family model in one call: the small-batch forward path.
+//
+// At a few tokens a step is a pass over the weights, and a Python forward that dispatches ~15 torch
+// ops per layer spends as long between the ops as in them. This runs the same ops, in the same
+// order and rounding, from C++: the linear kernel (linear.h), the fused RMSNorm and rotary
+// embedding (norm.h), reshape_and_cache and paged_attention (cache_kernels.h, paged_attention.h).
+//
+// One layer (T tokens, H query heads, Hkv kv heads of D, hidden size E, intermediate size I):
+//
+//   first layer:  residual = hidden;              h = rms_norm(hidden)          (input_layernorm)
+//   later layers: residual = residual + hidden;   h = rms_norm(residual)
+//   qkv  [T, (H + 2 Hkv) D] = h . Wqkv^T (+ bias)         q | k | v per token row
+//   (Qwen3) q, k heads: per-head rms_norm (q_norm, k_norm)
+//   q, k rotated (rotate-half RoPE, cos_sin rows)
+//   k, v -> the layer's paged cache at slot_mapping;  attn [T, H D] = paged_attention(q)
+//   residual = residual + attn . Wo^T;                h = rms_norm(residual)    (post_attention_layernorm)
+//   act  [T, I] = silu(h . Wgate^T) * (h . Wup^T)      (gate_up, SwiGLU in the kernel's epilogue)
+//   hidden [T, E] = act . Wdown^T                       (added into residual by the next layer)
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel_types.h"
+#include "kernels/linear.h"
+
+namespace pagedcore {
+namespace kernels {
+
+// One layer's weights (contiguous, the stack's dtype), bound once at load.
+struct DecoderLayerWeights {
+  const void* input_norm = nullptr;  // [E]
+  const void* post_norm = nullptr;   // [E]
+  const void* q_norm = nullptr;      // [D] or nullptr (both or neither)
+  const void* k_norm = nullptr;      // [D] or nullptr
+  const void* qkv = nullptr;         // [(H + 2 Hkv) D, E]: q rows, then k, then v
+  const void* qkv_bias = nullptr;    // [(H + 2 Hkv) D] or nullptr
+  const void* o_proj = nullptr;      // [E, H D]
+  const void* gate_up = nullptr;     // [2 I, E]: gate rows, then up rows
+  const void* down = nullptr;        // [E, I]
+};
+
+struct DecoderStackParams {
+  const DecoderLayerWeights* layers = nullptr;  // [num_layers]
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;         // E
+  int64_t num_heads = 0;           // H
+  int64_t num_kv_heads = 0;        // Hkv, divides H
+  int64_t head_dim = 0;            // D, even
+  int64_t intermediate_size = 0;   // I
+  float rms_norm_eps = 1e-6f;
+  float attn_scale = 1.f;
+  DType dtype = DType::kFloat32;   // weights and activations
+
+  int64_t num_tokens = 0;          // T
+  void* hidden = nullptr;          // [T, E] contiguous: in the embeddings, out the last layer's output
+  void* residual = nullptr;        // [T, E] contiguous: out the residual stream (hidden not yet added)
+  const void* cos_sin = nullptr;   // [T, D] contiguous, dtype: [cos | sin] of each token's position
+  // [num_layers, 2, num_blocks, Hkv, block_size, D] contiguous, cache_dtype
+  void* kv_cache = nullptr;
+  DType cache_dtype = DType::kFloat32;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  // The step's attention metadata, as paged_attention.h / cache_kernels.h define them.
+  const int64_t* slot_mapping = nullptr;     // [T], -1 = padding
+  const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq]
+  const int32_t* seq_lens = nullptr;         // [num_seqs]
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
+  int64_t num_seqs = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_query_len = -1;
+  int64_t max_seq_len = -1;
+  int64_t num_actual_tokens = -1;            // rows past it are padding (attention rows zero); -1 = T
+};
+
+// Runs every layer. The first layer's attention checks the metadata before anything is written
+// to the cache; on an error later (only a bug could cause one) hidden, residual and this step's
+// cache slots are left partly updated.
+Status decoder_stack(const DecoderStackParams& p, LinearIsa isa = LinearIsa::kAuto);
+
+}  // namespace kernels
+}  // namespace pagedcore
