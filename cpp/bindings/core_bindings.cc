@@ -475,11 +475,13 @@ struct DecoderStack {
   std::vector<kernels::DecoderLayerWeights> layers;
   kernels::DecoderStackParams sizes;
   kernels::LinearIsa isa = kernels::LinearIsa::kAuto;
+  bool profiling = false;
+  std::vector<double> op_seconds = std::vector<double>(kernels::kNumStackOps, 0.0);
 
   void run(uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin, uintptr_t kv_cache,
            int32_t cache_dtype, int64_t num_blocks, int64_t block_size, uintptr_t slot_mapping,
            uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs,
-           int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens) const {
+           int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens) {
     kernels::DecoderStackParams p = sizes;
     p.layers = layers.data();
     p.num_layers = static_cast<int64_t>(layers.size());
@@ -500,6 +502,7 @@ struct DecoderStack {
     p.max_query_len = max_query_len;
     p.max_seq_len = max_seq_len;
     p.num_actual_tokens = num_actual_tokens;
+    p.op_seconds = profiling ? op_seconds.data() : nullptr;
     kernels::Status status;
     {
       py::gil_scoped_release release;
@@ -568,7 +571,19 @@ void bind_linear(py::module_& m) {
            py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
            py::arg("dtype"), py::arg("isa"))
-      .def("run", &DecoderStack::run, "One step through every layer (raw pointers; checked by the caller).");
+      .def("run", &DecoderStack::run, "One step through every layer (raw pointers; checked by the caller).")
+      .def_readwrite("profiling", &DecoderStack::profiling, "Accumulate seconds per op (see profile()).")
+      .def(
+          "profile",
+          [](DecoderStack& s, bool reset) {
+            py::dict d;
+            for (int op = 0; op < kernels::kNumStackOps; ++op) {
+              d[kernels::stack_op_name(op)] = s.op_seconds[op];
+              if (reset) s.op_seconds[op] = 0.0;
+            }
+            return d;
+          },
+          py::arg("reset") = false, "Seconds per op accumulated while profiling was on.");
   m.def("linear_isa_name", [](int32_t code) { return std::string(kernels::linear_isa_name(to_linear_isa(code))); });
   m.def("linear_isa_supported", [](int32_t code) { return kernels::linear_isa_supported(to_linear_isa(code)); });
   m.def("linear_auto_isa", []() { return static_cast<int32_t>(kernels::linear_auto_isa()); },

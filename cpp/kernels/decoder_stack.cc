@@ -2,6 +2,7 @@
 // This file only sequences the kernels; each op checks its own arguments and returns a Status.
 #include "kernels/decoder_stack.h"
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -55,7 +56,31 @@ int64_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 char* at(void* base, int64_t elements, DType t) { return static_cast<char*>(base) + elements * esize(t); }
 
+// Adds the time since the last mark to op_seconds[op] when profiling.
+class OpClock {
+ public:
+  explicit OpClock(double* seconds) : seconds_(seconds) {
+    if (seconds_) last_ = std::chrono::steady_clock::now();
+  }
+  void mark(int op) {
+    if (!seconds_) return;
+    const auto now = std::chrono::steady_clock::now();
+    seconds_[op] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  double* seconds_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 }  // namespace
+
+const char* stack_op_name(int op) {
+  static const char* const names[kNumStackOps] = {"norms", "qkv", "rope", "cache_write", "attention",
+                                                  "o_proj", "gate_up", "down"};
+  return op >= 0 && op < kNumStackOps ? names[op] : "unknown";
+}
 
 Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
   Status st = check(p);
@@ -107,6 +132,7 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
 
   // One layer's K/V planes: kv_cache[l, 0] and kv_cache[l, 1].
   const int64_t plane = p.num_blocks * Hkv * p.block_size * D;
+  OpClock clock(p.op_seconds);
   for (int64_t l = 0; l < p.num_layers; ++l) {
     const DecoderLayerWeights& w = p.layers[l];
     // input_layernorm (with the previous layer's residual add)
@@ -117,8 +143,10 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
       st = norm_call(w.input_norm, p.hidden, p.residual, h, T, E, E);
     }
     if (!st.is_ok()) return st;
+    clock.mark(kStackNorms);
     // q | k | v
     if (!(st = linear_call(w.qkv, w.qkv_bias, qkv_size, E, h, qkv, LinearEpilogue::kNone)).is_ok()) return st;
+    clock.mark(kStackQkv);
     if (w.q_norm) {  // Qwen3: each head normalised over D, in place
       for (int64_t tok = 0; tok < T; ++tok) {
         void* row = at(qkv, tok * qkv_size, t);
@@ -138,6 +166,7 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
     rp.cos_sin_stride = D;
     rp.dtype = t;
     if (!(st = rotary_embedding(rp, isa)).is_ok()) return st;
+    clock.mark(kStackRope);
     // this step's K/V into the cache, then attention
     void* key_cache = at(p.kv_cache, (2 * l) * plane, p.cache_dtype);
     void* value_cache = at(p.kv_cache, (2 * l + 1) * plane, p.cache_dtype);
@@ -157,6 +186,7 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
     cp.src_dtype = t;
     cp.cache_dtype = p.cache_dtype;
     if (!(st = reshape_and_cache(cp)).is_ok()) return st;
+    clock.mark(kStackCacheWrite);
     PagedAttentionParams ap;
     ap.out = attn;
     ap.query = qkv;
@@ -184,12 +214,17 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
     ap.max_seq_len = p.max_seq_len;
     if (!(st = paged_attention(ap)).is_ok()) return st;
     if (num_actual < T) std::memset(at(attn, num_actual * q_size, t), 0, (T - num_actual) * q_size * es);
+    clock.mark(kStackAttention);
     // o_proj, then post_attention_layernorm with the residual add
     if (!(st = linear_call(w.o_proj, nullptr, E, q_size, attn, tmp, LinearEpilogue::kNone)).is_ok()) return st;
+    clock.mark(kStackOProj);
     if (!(st = norm_call(w.post_norm, tmp, p.residual, h, T, E, E)).is_ok()) return st;
+    clock.mark(kStackNorms);
     // MLP
     if (!(st = linear_call(w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
+    clock.mark(kStackGateUp);
     if (!(st = linear_call(w.down, nullptr, E, I, act, p.hidden, LinearEpilogue::kNone)).is_ok()) return st;
+    clock.mark(kStackDown);
   }
   return Status::ok();
 }

@@ -70,7 +70,15 @@ struct DecoderStackParams {
   int64_t max_query_len = -1;
   int64_t max_seq_len = -1;
   int64_t num_actual_tokens = -1;            // rows past it are padding (attention rows zero); -1 = T
+
+  // Optional: seconds spent per op are added to op_seconds[StackOp] (a profile for benchmarks;
+  // two clock reads per op, ~1 us a step for 30 layers).
+  double* op_seconds = nullptr;
 };
+
+enum StackOp { kStackNorms = 0, kStackQkv, kStackRope, kStackCacheWrite, kStackAttention, kStackOProj,
+               kStackGateUp, kStackDown, kNumStackOps };
+const char* stack_op_name(int op);
 
 // Runs every layer. The first layer's attention checks the metadata before anything is written
 // to the cache; on an error later (only a bug could cause one) hidden, residual and this step's

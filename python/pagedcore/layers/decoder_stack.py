@@ -74,6 +74,15 @@ class DecoderStack:
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1)
 
+    def set_profiling(self, on: bool) -> None:
+        """Time every op inside the stack (a benchmark aid; ~1 us a step)."""
+        self._stack.profiling = on
+
+    def profile(self, reset: bool = False) -> dict[str, float]:
+        """Seconds per op (norms, qkv, rope, cache_write, attention, o_proj, gate_up, down) since
+        profiling was turned on or last reset."""
+        return dict(self._stack.profile(reset))
+
     def matches(self, qkv_weight: torch.Tensor) -> bool:
         """Still bound to the model's weights (False after model.to() or a reload into new tensors)."""
         return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self.dtype

@@ -8,6 +8,7 @@ except the fused projections: q/k/v -> qkv_proj, gate/up -> gate_up_proj.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
@@ -34,6 +35,8 @@ _FUSED_SHARDS = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # A GGUF Llama 3 stores its RoPE rescaling as per-frequency divisors; the GGUF loader names it so.
 ROPE_FREQ_FACTORS = "model.rotary_emb.freq_factors"
+# PAGEDCORE_DECODER_STACK=0 keeps small steps on the Python layer loop (benchmarks compare the two).
+_STACK_ENABLED = os.environ.get("PAGEDCORE_DECODER_STACK", "1") != "0"
 
 
 class LlamaAttention(nn.Module):
@@ -143,7 +146,8 @@ class LlamaModel(nn.Module):
         if stack is not None and stack.matches(qkv):
             return stack
         self._stack = None
-        if not (kernels_linear.available() and qkv.is_cpu and qkv.dtype in (torch.float32, torch.bfloat16)):
+        if not (_STACK_ENABLED and kernels_linear.available() and qkv.is_cpu
+                and qkv.dtype in (torch.float32, torch.bfloat16)):
             return None
         cfg = self.config
         layers = []
