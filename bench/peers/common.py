@@ -64,8 +64,11 @@ def time_decode(generate_k, num_tokens: int, repeats: int) -> dict:
     for _ in range(repeats):
         t0 = time.perf_counter(); generate_k(1); t1 = time.perf_counter() - t0
         t0 = time.perf_counter(); generate_k(num_tokens); tn = time.perf_counter() - t0
-        rates.append((num_tokens - 1) / (tn - t1))
         ttfts.append(t1)
+        if tn > t1:          # on a loaded machine t(1) can outlast t(N): such a pair measures nothing
+            rates.append((num_tokens - 1) / (tn - t1))
+    if not rates:
+        raise SystemExit("every decode timing was swamped by machine load (t(N) <= t(1)); rerun when quiet")
     return {"decode_tok_per_s": statistics.median(rates), "decode_runs": rates,
             "ttft_seconds": statistics.median(ttfts)}
 
