@@ -128,7 +128,8 @@ def main():
                    choices=["pagedcore", "hf", "vllm", "llamacpp"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
-    p.add_argument("--workload", default="/work/shared/bench/workload_n128_seed0.json")
+    p.add_argument("--workload", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads",
+                                                   "workload_n128_seed0.json"))
     p.add_argument("--limit", type=int, default=None, help="only the first N requests (HF is slow)")
     p.add_argument("--rounds", type=int, default=1, help="alternations of all engines")
     p.add_argument("--threads", type=int, default=2)

@@ -3,7 +3,7 @@ peers' own virtualenvs (vLLM, llama.cpp), where pagedcore is not installed.
 
 A runner is `python run_<engine>.py --mode throughput|decode [...]`; it prints one line
 `RESULT {json}` last, which side_by_side.py reads. Throughput mode runs a workload file (the format of
-shared/bench/workload_n128_seed0.json), all requests at once (or in the engine's natural batching),
+bench/workloads/workload_n128_seed0.json, a copy of shared/bench's), all requests at once (or in the engine's natural batching),
 greedy with ignore_eos. Decode mode times one stream: (N - 1) tokens over t(N) - t(1), where t(k) is
 the time of a request generating k tokens from the same prompt, so prompt processing cancels out.
 """
@@ -15,7 +15,8 @@ import statistics
 import sys
 import time
 
-DEFAULT_WORKLOAD = "/work/shared/bench/workload_n128_seed0.json"
+DEFAULT_WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workloads",
+                                "workload_n128_seed0.json")
 
 
 def default_gguf() -> str:

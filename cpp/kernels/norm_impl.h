@@ -80,7 +80,9 @@ void rms_norm_rows(const RmsNormParams& p, int64_t r0, int64_t r1) {
       else acc0 = V::fmadd(v, v, acc0);
     }
     const float mean = V::hsum(V::add(acc0, acc1)) / static_cast<float>(n);
-    const R rinv = V::set1(1.f / std::sqrt(mean + p.eps));
+    // __builtin_sqrtf, not std::sqrt: an unoptimised build emits std::sqrt(float) as a weak inline
+    // symbol compiled with this ISA's flags, and the linker may hand that copy to generic callers.
+    const R rinv = V::set1(1.f / __builtin_sqrtf(mean + p.eps));
     const void* src = res ? static_cast<const void*>(res) : x;
     for (c = 0; c < n; c += W) {
       const int64_t cnt = n - c < W ? n - c : W;

@@ -23,7 +23,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="synthetic (lognormal lengths), shared-prefix (prefix caching), long-prompt "
                         "(chunked prefill), file (--workload-file), or the path of a .json workload itself")
     g.add_argument("--workload-file", default=None,
-                   help="JSON of token ids in the format of shared/bench/workload_n128_seed0.json (implies --workload file)")
+                   help="JSON of token ids in the format of bench/workloads/workload_n128_seed0.json (implies --workload file)")
     g.add_argument("--num-prompts", type=int, default=None,
                    help="requests (default: 128 synthetic, 64 shared-prefix, 8 long-prompt, all of a file)")
     g.add_argument("--seed-workload", type=int, default=0, help="seed of the synthetic workloads")

@@ -4,7 +4,7 @@ Four kinds, all deterministic for a given seed:
     synthetic      lognormal prompt (16-512) and output (16-256) lengths, random token ids
     shared-prefix  one system prompt shared by every request, then a short unique question (prefix caching)
     long-prompt    prompts longer than one step's token budget (chunked prefill)
-    file           a JSON file in the format of shared/bench/workload_n128_seed0.json
+    file           a JSON file in the format of bench/workloads/workload_n128_seed0.json
 Every request has ignore_eos, so it generates exactly max_tokens tokens and runs are comparable.
 """
 
@@ -84,7 +84,7 @@ def from_file(path: str, num_requests: int | None = None) -> list[BenchRequest]:
     for i, item in enumerate(items[:num_requests]):
         if "prompt_token_ids" not in item or "max_tokens" not in item:
             raise ValueError(f"{path}: request {i} needs 'prompt_token_ids' and 'max_tokens' (the format of "
-                             "shared/bench/workload_n128_seed0.json)")
+                             "bench/workloads/workload_n128_seed0.json)")
         requests.append(BenchRequest([int(t) for t in item["prompt_token_ids"]], int(item["max_tokens"]),
                                      bool(item.get("ignore_eos", True))))
     return requests
@@ -105,7 +105,7 @@ def make_workload(kind: str, vocab_size: int, num_requests: int | None = None, s
     lengths = {k: v for k, v in lengths.items() if v is not None}
     if kind == "file":
         if not path:
-            raise ValueError("--workload file needs --workload-file PATH (e.g. shared/bench/workload_n128_seed0.json)")
+            raise ValueError("--workload file needs --workload-file PATH (e.g. bench/workloads/workload_n128_seed0.json)")
         return from_file(path, num_requests)
     if kind == "synthetic":
         return synthetic(num_requests or 128, vocab_size, seed, **lengths)
