@@ -13,9 +13,11 @@ layer's weight once (at load) so a call checks only x: what the model layers use
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
+import torch.nn.functional as F
 
 try:
     from pagedcore import _core
@@ -39,11 +41,13 @@ _EPILOGUE = {"none": 0, "silu_mul": 1}
 # bench/bench_linear.py on the 2-core AVX2 development machine (2026-11-29, 2 threads): for fp32
 # weights the kernel beats MKL by 2-2.9x at 16 rows, 1.1-1.5x at 64, 0.9-1.13x at 256 (the K = 1536
 # down projection first), about even at 2048; for bf16 weights torch's GEMM (no AVX512-BF16 here)
-# runs at ~15 GFLOP/s at every size, the kernel at 60-140. Where the CPU has AVX512-BF16 (oneDNN's
-# bf16 GEMM is fast there) bf16 takes the fp32 threshold. PAGEDCORE_LINEAR_MAX_ROWS=<n> overrides
-# both; 0 turns the kernel off (torch everywhere).
+# runs at ~15-30 GFLOP/s at every size, the kernel at 100-136, MKL's fp32 GEMM at 136-150 from 512
+# rows on: past _MAX_ROWS_BF16 rows, bf16 layers widen their weight to fp32 for the call and run
+# MKL (torch_linear below; the widening costs ~3% of the GEMM at 512 rows). Where the CPU has
+# AVX512-BF16 (oneDNN's bf16 GEMM is fast there) bf16 takes the fp32 threshold and torch's bf16
+# GEMM. PAGEDCORE_LINEAR_MAX_ROWS=<n> overrides both; 0 turns the kernel off (torch everywhere).
 _MAX_ROWS_FP32 = 128
-_UNLIMITED = 1 << 62
+_MAX_ROWS_BF16 = 256
 
 
 def available() -> bool:
@@ -76,8 +80,27 @@ def max_rows(weight_dtype: torch.dtype) -> int:
                              "(0 = always torch)") from None
         return max(value, 0)
     if weight_dtype == torch.bfloat16 and isa() != "avx512_bf16dot":
-        return _UNLIMITED
+        return _MAX_ROWS_BF16
     return _MAX_ROWS_FP32
+
+
+@functools.lru_cache(maxsize=None)
+def _slow_bf16_gemm() -> bool:
+    """torch's bf16 GEMM has no fast path on this CPU (no AVX512-BF16 / AMX): widen instead."""
+    if os.environ.get("PAGEDCORE_WIDEN_BF16_GEMM") in ("0", "1"):
+        return os.environ["PAGEDCORE_WIDEN_BF16_GEMM"] == "1"
+    return _HAS_KERNEL and isa() != "avx512_bf16dot"
+
+
+def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for the calls the kernel does not take (many rows). A bf16 weight on a CPU whose
+    bf16 GEMM is slow is widened to fp32 for this call and the product rounded back to bf16: the
+    same arithmetic as torch's bf16 GEMM (fp32 products and sums, one rounding of the output, bias
+    added before it), at MKL's fp32 rate. x [..., in] -> [..., out] of x's dtype."""
+    if weight.dtype is torch.bfloat16 and x.dtype is torch.bfloat16 and x.is_cpu and _slow_bf16_gemm():
+        wide_bias = bias.float() if bias is not None else None
+        return F.linear(x.float(), weight.float(), wide_bias).to(torch.bfloat16)
+    return F.linear(x, weight, bias)
 
 
 def _dtype_code(t: torch.Tensor, name: str) -> int:

@@ -114,6 +114,29 @@ def test_many_tasks_and_large_m_match_torch():
     assert_close(kernels_linear.linear(x, w), reference(x, w), x, w, torch.bfloat16)
 
 
+@pytest.mark.parametrize("widen", ["0", "1"])
+def test_torch_linear_bf16_widened_or_not_matches_the_reference(monkeypatch, widen):
+    # Calls past max_rows go to torch_linear; on CPUs with a slow bf16 GEMM it widens bf16 to fp32
+    # for the call and rounds once. Both routes must give torch's bf16 GEMM result: the exact
+    # product rounded once to bf16, up to summation order.
+    monkeypatch.setenv("PAGEDCORE_WIDEN_BF16_GEMM", widen)
+    kernels_linear._slow_bf16_gemm.cache_clear()
+    try:
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(300, 96, generator=gen).bfloat16()
+        w = torch.randn(130, 96, generator=gen).bfloat16()
+        b = torch.randn(130, generator=gen).bfloat16()
+        got = kernels_linear.torch_linear(x, w, b)
+        assert got.dtype == torch.bfloat16 and got.shape == (300, 130)
+        assert_close(got, reference(x, w, b), x, w, torch.bfloat16)
+        if widen == "1":  # bit-exact with the widened computation it stands for
+            assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
+        xf, wf = x.float(), w.float()
+        assert torch.equal(kernels_linear.torch_linear(xf, wf, None), F.linear(xf, wf))  # fp32: torch as is
+    finally:
+        kernels_linear._slow_bf16_gemm.cache_clear()
+
+
 def test_zero_rows_and_empty():
     w = torch.randn(8, 16)
     assert kernels_linear.linear(torch.empty(0, 16), w).shape == (0, 8)

@@ -5,8 +5,9 @@ would cost a second pass over ~0.5 GB (the default model in fp32) for nothing.
 
 Calls with few rows (decode) run pagedcore's own kernel (pagedcore.kernels_linear), which streams
 the weights at the memory bandwidth where torch's GEMV reaches a third of it; larger calls keep
-torch's GEMM, except bf16 weights on CPUs without AVX512-BF16, where the kernel wins at any size
-(kernels_linear.max_rows says where the line is).
+torch's GEMM (kernels_linear.max_rows says where the line is), with bf16 weights widened to fp32
+for the call on CPUs without AVX512-BF16, where torch's bf16 GEMM is 5x slower than MKL's fp32 one
+(kernels_linear.torch_linear).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._kernel.takes(x):
             return self._kernel(x, self.weight, self.bias)  # [num_rows, in] -> [num_rows, out]
-        return F.linear(x, self.weight, self.bias)  # [..., in] -> [..., out]
+        return kernels_linear.torch_linear(x, self.weight, self.bias)  # [..., in] -> [..., out]
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
@@ -92,7 +93,7 @@ class MergedLinear(Linear):
         epilogue (no [num_tokens, out] intermediate); otherwise torch's GEMM, then silu * up."""
         if self._silu_mul_kernel.takes(x):
             return self._silu_mul_kernel(x, self.weight, self.bias)
-        gate_up = F.linear(x, self.weight, self.bias)  # [num_tokens, out]
+        gate_up = kernels_linear.torch_linear(x, self.weight, self.bias)  # [num_tokens, out]
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 

@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
@@ -189,7 +188,7 @@ class LlamaForCausalLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self._logits_kernel.takes(hidden_states):
             return self._logits_kernel(hidden_states, weight, None)
-        return F.linear(hidden_states, weight).float()
+        return kernels_linear.torch_linear(hidden_states, weight, None).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
