@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pagedcore.benchmarks import roofline, stats
+from pagedcore.benchmarks.throughput import step_size_split
 from pagedcore.benchmarks.serve import arrival_offsets, iter_sse_data
 from pagedcore.benchmarks.workloads import BenchRequest
 
@@ -37,6 +38,17 @@ def test_breakdown_shares_of_wall():
     assert b["share"]["model_forward"] == pytest.approx(1.2 / 2.5)
     assert b["outside_forward_share"] == pytest.approx(1 - 1.4 / 2.5)
     assert "scheduler" in stats.format_breakdown(b)
+
+
+def test_step_size_split_groups_steps_by_tokens():
+    def rec(tokens, forward):
+        return {"num_tokens": tokens, "total": forward + 0.5, "model_forward": forward, "lm_head": 0.25}
+    rows = step_size_split([rec(1, 1.0), rec(8, 1.0), rec(9, 2.0), rec(128, 1.0), rec(2048, 4.0)], 1e9)
+    assert [r["label"] for r in rows] == ["<= 8", "9-64", "65-128", "> 512"]  # empty classes left out
+    assert [r["steps"] for r in rows] == [2, 1, 1, 1] and [r["tokens"] for r in rows] == [9, 9, 128, 2048]
+    assert rows[0]["seconds"] == pytest.approx(3.0) and rows[0]["lm_head_seconds"] == pytest.approx(0.5)
+    assert rows[0]["layer_gflops"] == pytest.approx(9 / 2.0)          # 9 tokens x 1 GFLOP over 2 s
+    assert rows[3]["layer_gflops"] == pytest.approx(2048 / 4.0)
 
 
 def test_smollm2_costs_match_the_peer_readme():

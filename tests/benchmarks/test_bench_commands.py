@@ -26,7 +26,7 @@ def test_throughput_synthetic(tiny_model_folder, tmp_path, capsys):
     assert rc == 0
     for field in ("requests/s", "output tok/s", "total tok/s", "wall:", "peak RSS", "KV cache:",
                   "Per-step breakdown", "model forward", "sampling", "scheduler", "attention kernels", "Roofline",
-                  "x the floor"):
+                  "x the floor", "by step size"):
         assert field in text, field
     result = json.loads(out_json.read_text())
     assert result["num_requests"] == 6 and result["workload"]["kind"] == "synthetic"

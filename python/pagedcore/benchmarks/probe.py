@@ -6,8 +6,10 @@ calls its step_listeners after each step. The probe adds timers around the model
 hooks), compute_logits (an instance attribute that shadows the method) and the attention kernels
 (attributes of pagedcore.kernels, looked up at each call), and folds them into one record per step.
 Cost: ~64 perf_counter pairs per step (two attention kernels x 30 layers + 2), a few microseconds.
-With ops=True every Linear is timed as well (~120 more hook pairs, ~0.5 ms a step): use it only
-to see the split, not for headline figures.
+With ops=True every Linear (and the gate/up SwiGLU call) is timed as well (~120 more hook pairs,
+~0.5 ms a step): use it only to see the split, not for headline figures. Steps small enough for the
+C++ decoder stack (layers/decoder_stack.py) run no Python layers or attention calls: their
+attention and linears are not in these timers (bench/bench_decode.py splits them).
 """
 
 from __future__ import annotations
@@ -80,10 +82,14 @@ class StepProbe:
             self._originals[name] = getattr(kernels, name)
             setattr(kernels, name, self._timed("attention", self._originals[name]))
         if self.ops:
-            from pagedcore.layers.linear import Linear
+            from pagedcore.layers.linear import Linear, MergedLinear
+            self._silu_mul_modules = []
             for module in model.modules():
                 if isinstance(module, Linear):
                     self._handles += self._linear_hooks(module)
+                if isinstance(module, MergedLinear):  # gate/up runs through forward_silu_mul, not forward
+                    module.forward_silu_mul = self._timed("linears", module.forward_silu_mul)
+                    self._silu_mul_modules.append(module)
         self.engine.step_listeners.append(self._listener)
         return self
 
@@ -93,6 +99,8 @@ class StepProbe:
         self._handles.clear()
         model = self.engine.runner.model
         model.__dict__.pop("compute_logits", None)   # the class method shows through again
+        for module in getattr(self, "_silu_mul_modules", []):
+            module.__dict__.pop("forward_silu_mul", None)
         for name in _KERNELS:
             setattr(kernels, name, self._originals[name])
         self.engine.step_listeners.remove(self._listener)

@@ -44,6 +44,27 @@ def run_workload(engine, requests, probe_ops: bool = False) -> dict:
             "outputs": outputs}
 
 
+# Step-size classes for the split by step size: decode-only steps at few / mid / full batch, and
+# steps carrying prefill chunks.
+STEP_SIZE_BOUNDS = ((8, "<= 8"), (64, "9-64"), (128, "65-128"), (512, "129-512"), (None, "> 512"))
+
+
+def step_size_split(records: list[dict], flop_per_token: float) -> list[dict]:
+    """Steps grouped by tokens scheduled: count, tokens, seconds, and the layers' effective GFLOP/s
+    (linear FLOPs of the tokens over the model-forward time, attention and norms included)."""
+    rows = []
+    for bound, label in STEP_SIZE_BOUNDS:
+        low = rows[-1]["bound"] if rows else 0
+        chosen = [r for r in records if r["num_tokens"] > low and (bound is None or r["num_tokens"] <= bound)]
+        tokens = sum(r["num_tokens"] for r in chosen)
+        forward = sum(r["model_forward"] for r in chosen)
+        rows.append({"label": label, "bound": bound if bound is not None else 1 << 62, "steps": len(chosen),
+                     "tokens": tokens, "seconds": sum(r["total"] for r in chosen), "forward_seconds": forward,
+                     "lm_head_seconds": sum(r["lm_head"] for r in chosen),
+                     "layer_gflops": tokens * flop_per_token / forward / 1e9 if forward > 0 else 0.0})
+    return [r for r in rows if r["steps"]]
+
+
 def tail_summary(records: list[dict], wall: float, few: int = 8) -> dict:
     """The workload's tail: the steps where at most `few` sequences remain (small GEMMs, poor batching)."""
     tail = [r for r in records if r["num_seqs"] <= few]
@@ -77,6 +98,7 @@ def cmd_throughput(args) -> int:
     if args.profile_ops:
         result["linear_seconds"] = sum(r.get("linears", 0.0) for r in best["steps"])
     result["tail"] = tail_summary(best["steps"], best["wall_seconds"])
+    result["step_sizes"] = step_size_split(best["steps"], roofline.ModelCost.of(mc).linear_flops_per_token)
     busy = [r for r in best["steps"] if r["num_seqs"] >= 64]
     result["steps_with_64_plus_seqs"] = stats.breakdown(busy) if busy else None
     if not args.no_roofline:
@@ -125,12 +147,19 @@ def format_result(r: dict) -> str:
         "",
         f"Per-step breakdown ({r['breakdown']['num_steps']} steps, share of wall):",
         stats.format_breakdown(r["breakdown"]),
-        f"  attention kernels (inside the model forward): {r['attention_seconds']:.2f} s "
+        f"  attention kernels (layer-loop steps; stack steps in bench_decode): {r['attention_seconds']:.2f} s "
         f"({100 * r['attention_seconds'] / r['wall_seconds']:.1f} % of wall)",
     ]
     if "linear_seconds" in r:
-        lines.append(f"  linears (inside the model forward): {r['linear_seconds']:.2f} s "
+        lines.append(f"  linears (layer-loop steps; stack steps in bench_decode): {r['linear_seconds']:.2f} s "
                      f"({100 * r['linear_seconds'] / r['wall_seconds']:.1f} % of wall)")
+    if r.get("step_sizes"):
+        lines.append("  by step size (tokens per step; layer GFLOP/s = the tokens' linear FLOPs over the "
+                     "model-forward time):")
+        for z in r["step_sizes"]:
+            lines.append(f"    {z['label']:>8} tokens: {z['steps']:4d} steps {z['tokens']:6d} tokens "
+                         f"{z['seconds']:7.2f} s ({z['forward_seconds']:6.2f} s forward, "
+                         f"{z['lm_head_seconds']:5.2f} s lm_head)  layers at {z['layer_gflops']:5.1f} GFLOP/s")
     t = r["tail"]
     lines.append(f"  tail (<= {t['max_seqs']} sequences left): {t['steps']} steps, {t['seconds']:.2f} s "
                  f"({100 * t['share_of_wall']:.1f} % of wall) for {t['tokens']} tokens")
@@ -144,6 +173,6 @@ def format_result(r: dict) -> str:
         f = rf["flops"]
         lines += ["", f"Roofline: {f['total'] / 1e12:.2f} TFLOP (linears {f['linear'] / 1e12:.2f}, lm_head "
                       f"{f['lm_head'] / 1e12:.2f}, attention {f['attention'] / 1e12:.2f}) at {rf['gemm_gflops']:.0f} "
-                      f"GFLOP/s ({s['dtype']} GEMM measured here) -> floor {rf['floor_seconds']:.1f} s; "
+                      f"GFLOP/s (the best GEMM for {s['dtype']} math measured here) -> floor {rf['floor_seconds']:.1f} s; "
                       f"measured {r['wall_seconds']:.1f} s = {rf['gap']:.2f}x the floor"]
     return "\n".join(lines)
