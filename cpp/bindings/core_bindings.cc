@@ -16,6 +16,7 @@
 
 #include "kernels/cache_kernels.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/huge_pages.h"
 #include "kernels/paged_attention.h"
 #include "kernels/parallel.h"
 namespace py = pybind11;
@@ -430,6 +431,9 @@ void bind_kernels(py::module_& m) {
       },
       py::arg("max_tile_rows") = 0, py::arg("min_partition_keys") = 0, py::arg("items_per_thread") = 0,
       "Work-planning knobs of paged_attention (tests, benchmarks); 0 restores a default.");
+  m.def("advise_huge_pages", &kernels::advise_huge_pages, py::arg("ptr"), py::arg("num_bytes"),
+        "madvise(MADV_HUGEPAGE) over the whole 2 MB pages of [ptr, ptr + num_bytes); returns the bytes "
+        "advised (0 where not possible). Call before the pages are first touched.");
 }
 // ---- kernels: end ----
 

@@ -38,6 +38,16 @@ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 constexpr float kNegInf = -__builtin_inff();
 
 inline R load_f(const float* p) { return V::load(p); }
+
+// Blocks are scattered, so the hardware prefetcher stops at each block's end: while block i of a
+// chunk is in use, ask for plane i of the next chunk (one chunk, ~64 keys, ahead), into L2
+// (prefetcht1, not L1: with t0 hints the L1 fill buffers ran out). The tile loops below issue the
+// prefetch a key row at a time, interleaved with the FMAs that use the current plane: one burst of
+// 64 prefetches per 4 KB plane (the first version) left most of them waiting for a free miss slot,
+// and fp32 decode read K/V at 8.5 GB/s per thread against 21 GB/s of streaming bandwidth.
+inline void prefetch_lines(const char* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
 inline R load_f(const uint16_t* p) { return V::load_bf16(p); }
 
 // S[m + i, s_col + j] = Qs[m + i, :] . K[j, :] for i < MR, j < n; K fp32 or bf16 (widened here).
@@ -46,7 +56,7 @@ inline R load_f(const uint16_t* p) { return V::load_bf16(p); }
 // latency; horizontal sums 4 accumulators at a time.
 template <int MR, int NR, int kD, typename T>
 inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n, int64_t D_rt,
-                    int64_t s_stride, int64_t s_col) {
+                    int64_t s_stride, int64_t s_col, const char* pf) {
   const int64_t D = kD ? kD : D_rt;
   constexpr int kAcc = MR * NR;
   const float* q[MR];
@@ -58,6 +68,7 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
   int64_t j = 0;
   for (; j + NR <= n; j += NR) {
     const T* k = K + j * D;
+    if (pf) prefetch_lines(pf + j * D * static_cast<int64_t>(sizeof(T)), NR * D * static_cast<int64_t>(sizeof(T)));
     R acc[kAcc + 3];
 #pragma GCC unroll 16
     for (int a = 0; a < kAcc + 3; ++a) acc[a] = V::zero();
@@ -120,7 +131,7 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
 // Register tile: MR rows x NV vectors of head_size (MR * NV = 8 FMA chains), then single vectors.
 template <int MR, int NV, int kD, typename T>
 inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha, int64_t m, int64_t n,
-                    int64_t D_rt, int64_t s_stride, int64_t p_col) {
+                    int64_t D_rt, int64_t s_stride, int64_t p_col, const char* pf) {
   const int64_t D = kD ? kD : D_rt;
   const float* p[MR];
   float* a[MR];
@@ -140,7 +151,9 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
         r[i][u] = V::load(a[i] + c + u * W);
         if (alpha) r[i][u] = V::mul(r[i][u], scale[i]);
       }
+    const bool first_pass = pf && c == 0;  // spread the next plane's prefetch over the first pass
     for (int64_t j = 0; j < n; ++j) {
+      if (first_pass) prefetch_lines(pf + j * D * static_cast<int64_t>(sizeof(T)), D * static_cast<int64_t>(sizeof(T)));
       R v[NV];
 #pragma GCC unroll 4
       for (int u = 0; u < NV; ++u) v[u] = load_f(Vb + j * D + c + u * W);
@@ -231,36 +244,27 @@ inline void for_row_tiles(int64_t m0, int64_t M, F&& f) {
   if (m < M) f(m, static_cast<int>(M - m));
 }
 
-// Blocks are scattered, so the hardware prefetcher stops at each block's end: while block i of a
-// chunk is in use, ask for plane i of the next chunk (one chunk, ~64 keys, ahead). Into L2
-// (prefetcht1), not L1: measured on the 2-core EPYC, decode over 100 MB of bf16 K/V went from
-// ~4.8 GB/s per thread with t0 hints to ~9.5 GB/s with t1 (L1 fill buffers ran out); two chunks
-// ahead was no better.
-inline void prefetch_plane(const void* base, int64_t bytes) {
-  const char* c = static_cast<const char*>(base);
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
-}
 
 // Runtime row count (1..4) to the register-tile template: QK tiles of 1x8, 2x4, 3x2, 4x2 keys;
 // PV tiles of 1x4, 2x4, 3x2, 4x2 vectors.
 template <int kD, typename T>
 struct Tiles {
   static void qk(int mr, const float* Qs, const T* K, float* S, int64_t m, int64_t n, int64_t D,
-                 int64_t s_stride, int64_t col) {
+                 int64_t s_stride, int64_t col, const char* pf) {
     switch (mr) {
-      case 4: qk_rows<4, 2, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      case 3: qk_rows<3, 2, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      case 2: qk_rows<2, 4, kD>(Qs, K, S, m, n, D, s_stride, col); break;
-      default: qk_rows<1, 8, kD>(Qs, K, S, m, n, D, s_stride, col); break;
+      case 4: qk_rows<4, 2, kD>(Qs, K, S, m, n, D, s_stride, col, pf); break;
+      case 3: qk_rows<3, 2, kD>(Qs, K, S, m, n, D, s_stride, col, pf); break;
+      case 2: qk_rows<2, 4, kD>(Qs, K, S, m, n, D, s_stride, col, pf); break;
+      default: qk_rows<1, 8, kD>(Qs, K, S, m, n, D, s_stride, col, pf); break;
     }
   }
   static void pv(int mr, const float* P, const T* Vb, float* acc, const float* alpha, int64_t m, int64_t n,
-                 int64_t D, int64_t s_stride, int64_t col) {
+                 int64_t D, int64_t s_stride, int64_t col, const char* pf) {
     switch (mr) {
-      case 4: pv_rows<4, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      case 3: pv_rows<3, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      case 2: pv_rows<2, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
-      default: pv_rows<1, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col); break;
+      case 4: pv_rows<4, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col, pf); break;
+      case 3: pv_rows<3, 2, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col, pf); break;
+      case 2: pv_rows<2, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col, pf); break;
+      default: pv_rows<1, 4, kD>(P, Vb, acc, alpha, m, n, D, s_stride, col, pf); break;
     }
   }
 };
@@ -280,14 +284,14 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   const int64_t M = rows * group;
   const int64_t s_stride = layout.s_stride;
   auto qk_dispatch = [](int mr, const float* Qs_, const auto* K, float* S_, int64_t m, int64_t n, int64_t D_,
-                        int64_t stride, int64_t col) {
+                        int64_t stride, int64_t col, const char* pf) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(K)>::type>::type;
-    Tiles<kD, T>::qk(mr, Qs_, K, S_, m, n, D_, stride, col);
+    Tiles<kD, T>::qk(mr, Qs_, K, S_, m, n, D_, stride, col, pf);
   };
   auto pv_dispatch = [](int mr, const float* P, const auto* Vb, float* acc_, const float* alpha_, int64_t m,
-                        int64_t n, int64_t D_, int64_t stride, int64_t col) {
+                        int64_t n, int64_t D_, int64_t stride, int64_t col, const char* pf) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(Vb)>::type>::type;
-    Tiles<kD, T>::pv(mr, P, Vb, acc_, alpha_, m, n, D_, stride, col);
+    Tiles<kD, T>::pv(mr, P, Vb, acc_, alpha_, m, n, D_, stride, col, pf);
   };
 
   float* Qs = scratch + layout.q;      // [M, D]
@@ -350,18 +354,24 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       // key_cache[block, g] is the plane at ((block * num_kv_heads + g) * block_size) * head_size.
       const int64_t base = (static_cast<int64_t>(block_table[b]) * p.num_kv_heads + g) * plane;
       const int64_t ahead = next_plane(col);
-      if (ahead >= 0) prefetch_plane(static_cast<const char*>(p.key_cache) + ahead * elem, plane * elem);
+      // The next chunk's plane, prefetched by the first row tile as it goes (nullptr: none).
+      const char* k_ahead = ahead >= 0 ? static_cast<const char*>(p.key_cache) + ahead * elem : nullptr;
       if (!bf16_cache) {
         const float* Kb = static_cast<const float*>(p.key_cache) + base;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col); });
-      } else if (stage) {
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, m == m0 ? k_ahead : nullptr);
+        });
+      } else if (stage) {  // many rows, compute-bound: one burst for the whole plane is enough
+        if (k_ahead) prefetch_lines(k_ahead, plane * elem);
         float* Kb = Kst + col * D;
         widen_rows<kD>(static_cast<const uint16_t*>(p.key_cache) + base, Kb, n, D);
         widen_rows<kD>(static_cast<const uint16_t*>(p.value_cache) + base, Vst + col * D, n, D);
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col); });
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, nullptr); });
       } else {
         const uint16_t* Kb = static_cast<const uint16_t*>(p.key_cache) + base;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col); });
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, m == m0 ? k_ahead : nullptr);
+        });
       }
     }
     const int64_t n_padded = (n_chunk + W - 1) / W * W;
@@ -375,17 +385,24 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const int64_t n = imin(BS, n_chunk - col);
       const int64_t base = (static_cast<int64_t>(block_table[b]) * p.num_kv_heads + g) * plane;
       const int64_t ahead = next_plane(col);
-      if (ahead >= 0) prefetch_plane(static_cast<const char*>(p.value_cache) + ahead * elem, plane * elem);
+      const char* v_ahead = ahead >= 0 ? static_cast<const char*>(p.value_cache) + ahead * elem : nullptr;
       const float* rescale = col == 0 ? alpha : nullptr;
       if (!bf16_cache) {
         const float* Vb = static_cast<const float*>(p.value_cache) + base;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col); });
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
+        });
       } else if (stage) {
+        if (v_ahead) prefetch_lines(v_ahead, plane * elem);
         const float* Vb = Vst + col * D;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col); });
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, nullptr);
+        });
       } else {
         const uint16_t* Vb = static_cast<const uint16_t*>(p.value_cache) + base;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col); });
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
+        });
       }
     }
   }

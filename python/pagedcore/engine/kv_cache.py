@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedcore import _core
 from pagedcore.config import EngineConfig, parse_memory_size
 from pagedcore.model_config import SUPPORTED_DTYPES, ModelConfig
 
@@ -122,5 +123,15 @@ def gpu_kv_cache_budget(config: EngineConfig, spec: KVCacheSpec, model: torch.nn
 def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu",
              pin_memory: bool = False) -> torch.Tensor:
     """Uninitialised on purpose: every slot a kernel reads was written first (positions < seq_len),
-    and not touching the pages keeps start-up fast and memory committed only as it is used."""
-    return torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
+    and not touching the pages keeps start-up fast and memory committed only as it is used.
+
+    A CPU cache is advised onto transparent huge pages while still untouched: attention reads 4 KB
+    planes from blocks scattered over gigabytes, and with 4 KB pages nearly each one is a TLB miss
+    (cpp/kernels/huge_pages.h has the measurement)."""
+    cache = torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
+    if cache.is_cpu and not pin_memory and cache.numel():
+        advise = getattr(_core, "advise_huge_pages", None)
+        if advise is not None:
+            advised = advise(cache.data_ptr(), cache.numel() * cache.element_size())
+            logger.debug("KV cache: %.2f GiB advised onto huge pages", advised / GiB)
+    return cache
