@@ -43,8 +43,9 @@ inline R load_f(const float* p) { return V::load(p); }
 // chunk is in use, ask for plane i of the next chunk (one chunk, ~64 keys, ahead), into L2
 // (prefetcht1, not L1: with t0 hints the L1 fill buffers ran out). The tile loops below issue the
 // prefetch a key row at a time, interleaved with the FMAs that use the current plane: one burst of
-// 64 prefetches per 4 KB plane (the first version) left most of them waiting for a free miss slot,
-// and fp32 decode read K/V at 8.5 GB/s per thread against 21 GB/s of streaming bandwidth.
+// 64 prefetches per 4 KB plane (the first version) left most of them waiting for a free miss slot.
+// Measured (fp32, 104 sequences x 350 tokens, 2 threads, alternating builds): 3.94 -> 3.24 ms a
+// layer; the 64-request throughput benchmark 154 -> 169 output tok/s.
 inline void prefetch_lines(const char* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }

@@ -4,7 +4,9 @@
 // cache of gigabytes: with 4 KB pages nearly every plane is a TLB miss and a page walk. Where THP
 // is in "madvise" mode (Debian's default), madvise(MADV_HUGEPAGE) on the buffer before its pages
 // are first touched maps it with 2 MB pages instead: paged attention read fp32 K/V ~10% faster
-// (bench: 104 sequences x 350 tokens, 3.30 -> 2.97 ms a layer on the 2-core EPYC).
+// (104 sequences x 350 tokens, 3.24 -> 2.91 ms a layer on the 2-core EPYC). The first touch of
+// each huge page costs more (defrag "madvise" compacts synchronously), so the engine leaves it
+// opt-in (python/pagedcore/engine/kv_cache.py, PAGEDCORE_KV_HUGE_PAGES=1).
 #ifndef PAGEDCORE_KERNELS_HUGE_PAGES_H_
 #define PAGEDCORE_KERNELS_HUGE_PAGES_H_
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from pagedcore import _core
@@ -27,7 +28,9 @@ def test_range_is_trimmed_to_whole_huge_pages():
     assert int(buf[::HUGE].sum()) == 7 * len(buf[::HUGE])
 
 
-def test_kv_cache_allocation_is_advised_and_usable():
+@pytest.mark.parametrize("huge_pages", ["0", "1"])
+def test_kv_cache_allocation_is_usable_advised_or_not(monkeypatch, huge_pages):
+    monkeypatch.setenv("PAGEDCORE_KV_HUGE_PAGES", huge_pages)
     spec = kvc.KVCacheSpec(num_layers=2, num_kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32)
     cache = kvc.allocate(spec, num_blocks=600)
     assert cache.shape == spec.shape(600) and cache.is_contiguous()

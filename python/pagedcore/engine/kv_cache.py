@@ -125,11 +125,14 @@ def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "c
     """Uninitialised on purpose: every slot a kernel reads was written first (positions < seq_len),
     and not touching the pages keeps start-up fast and memory committed only as it is used.
 
-    A CPU cache is advised onto transparent huge pages while still untouched: attention reads 4 KB
-    planes from blocks scattered over gigabytes, and with 4 KB pages nearly each one is a TLB miss
-    (cpp/kernels/huge_pages.h has the measurement)."""
+    PAGEDCORE_KV_HUGE_PAGES=1 advises a CPU cache onto transparent huge pages while still
+    untouched: attention reads 4 KB planes from blocks scattered over gigabytes, and with 4 KB pages
+    nearly each one is a TLB miss; warm, the decode attention ran ~10% faster. Off by default: with
+    THP defrag in "madvise" mode each first touch of a 2 MB page compacts memory synchronously, and
+    the 64-request benchmark (`pagedcore bench throughput --num-prompts 64`) ran 3-9% slower end
+    to end (163.2 and 153.6 vs 169.7 and 168.8 tok/s without). A long-running server pays that once."""
     cache = torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
-    if cache.is_cpu and not pin_memory and cache.numel():
+    if cache.is_cpu and not pin_memory and cache.numel() and os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1":
         advise = getattr(_core, "advise_huge_pages", None)
         if advise is not None:
             advised = advise(cache.data_ptr(), cache.numel() * cache.element_size())
