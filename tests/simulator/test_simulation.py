@@ -3,7 +3,6 @@
 import argparse
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
@@ -83,12 +82,12 @@ def test_chunked_prefill_off_raises_the_budget_to_a_whole_prompt():
     assert run("no-chunked-prefill", spec, max_num_batched_tokens=256)["num_requests"] == 100
 
 
-def test_thousands_of_requests_in_seconds():
+def test_thousands_of_requests_all_finish():
+    # Speed is a benchmark figure, not an assertion: `pagedcore simulate --num-requests 3000`
+    # prints its own run time (about a second on an idle 2-core machine).
     spec = dataclasses.replace(MIXED, num_requests=3000)
-    t0 = time.perf_counter()
     m = run("continuous", spec)
     assert m["num_requests"] == 3000
-    assert time.perf_counter() - t0 < 20      # ~1 s on an idle 2-core machine
 
 
 def test_fit_recovers_a_known_cost_model():
