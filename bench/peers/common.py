@@ -78,3 +78,29 @@ def emit(result: dict) -> None:
     result.setdefault("load_average", os.getloadavg())
     result.setdefault("python", sys.executable)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_offline_llm(llm, sampling_params_cls, args, result: dict) -> None:
+    """The measurement for engines with vLLM's offline API (vLLM itself and pagedcore's LLM):
+    throughput = one generate() of every request (after a 2-token warm-up), or decode = time_decode
+    on one prompt. Fills `result` and prints it."""
+    SamplingParams = sampling_params_cls
+    requests = load_requests(args.workload, args.limit)
+    if args.mode == "throughput":
+        prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
+        params = [SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True) for r in requests]
+        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+        result.update(wall_seconds=wall, num_requests=len(requests), output_tokens=num_out,
+                      output_tok_per_s=num_out / wall,
+                      sample_tokens=[list(o.outputs[0].token_ids[:16]) for o in outputs[:4]])
+    else:
+        prompt = {"prompt_token_ids": decode_prompt(requests, args.decode_prompt_len)}
+
+        def generate_k(k):
+            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True), use_tqdm=False)
+        result.update(time_decode(generate_k, args.decode_tokens, args.decode_repeats))
+    emit(result)

@@ -6,7 +6,7 @@ Intel OpenMP preloaded, VLLM_CPU_OMP_THREADS_BIND=0-1 (both cores), VLLM_CPU_KVC
 
 import time
 
-from common import decode_prompt, emit, load_requests, parser, time_decode
+from common import parser, run_offline_llm
 
 
 def main():
@@ -19,25 +19,8 @@ def main():
     from vllm import LLM, SamplingParams
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
     startup = time.perf_counter() - t0
-    requests = load_requests(args.workload, args.limit)
-    result = {"engine": "vllm-cpu", "dtype": args.dtype, "mode": args.mode, "startup_seconds": startup}
-    if args.mode == "throughput":
-        prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
-        params = [SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True) for r in requests]
-        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-        t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
-        result.update(wall_seconds=wall, num_requests=len(requests), output_tokens=num_out,
-                      output_tok_per_s=num_out / wall,
-                      sample_tokens=[list(o.outputs[0].token_ids[:16]) for o in outputs[:4]])
-    else:
-        prompt = {"prompt_token_ids": decode_prompt(requests, args.decode_prompt_len)}
-        def generate_k(k):
-            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True), use_tqdm=False)
-        result.update(time_decode(generate_k, args.decode_tokens, args.decode_repeats))
-    emit(result)
+    run_offline_llm(llm, SamplingParams, args,
+                    {"engine": "vllm-cpu", "dtype": args.dtype, "mode": args.mode, "startup_seconds": startup})
 
 
 if __name__ == "__main__":
