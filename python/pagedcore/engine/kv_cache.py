@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
-from pagedcore import _core
 from pagedcore.config import EngineConfig, parse_memory_size
+from pagedcore.engine import host_memory
 from pagedcore.model_config import SUPPORTED_DTYPES, ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -62,12 +63,18 @@ class KVCacheSpec:
                    SUPPORTED_DTYPES[dtype])
 
 
-def cpu_kv_cache_budget(config: EngineConfig) -> int:
+def cpu_kv_cache_budget(config: EngineConfig, spec: KVCacheSpec | None = None) -> int:
     """Bytes for the device KV cache on the CPU: explicit bytes, a fraction of available memory,
-    or the default (4 GiB, capped at 40% of what is available)."""
+    or the default (4 GiB, capped at 40% of what is available, and, given the spec, at what
+    max_num_seqs sequences of max_model_len tokens can ever fill: the cache is committed at start,
+    so a small model must not hold gigabytes it can never use)."""
     available = available_memory_bytes()
     if config.kv_cache_memory is None:
-        return min(DEFAULT_CPU_KV_CACHE_BYTES, int(available * DEFAULT_CPU_KV_CACHE_FRACTION))
+        budget = min(DEFAULT_CPU_KV_CACHE_BYTES, int(available * DEFAULT_CPU_KV_CACHE_FRACTION))
+        if spec is not None and config.max_model_len:
+            blocks_per_seq = -(-config.max_model_len // spec.block_size)
+            budget = min(budget, config.max_num_seqs * blocks_per_seq * spec.bytes_per_block)
+        return budget
     size = parse_memory_size(config.kv_cache_memory)
     budget = int(available * size) if isinstance(size, float) else size
     if budget > available:
@@ -91,50 +98,61 @@ def describe(spec: KVCacheSpec, num_blocks: int, budget_bytes: int | None = None
     return text
 
 
-def gpu_kv_cache_budget(config: EngineConfig, spec: KVCacheSpec, model: torch.nn.Module) -> int:
-    """Bytes for the KV cache on a GPU: gpu_memory_utilization of its memory, minus the peak of a
-    profiled forward of the largest step (weights + activations + logits), as vLLM sizes it."""
-    from pagedcore.engine.model_runner import ModelRunner
+@dataclass(frozen=True)
+class ProfileShape:
+    """The largest step the scheduler can build: num_seqs sequences of seq_len tokens, num_tokens in
+    all, and logits for num_logits_rows of them. Its forward's peak memory sizes the GPU KV cache."""
+    num_tokens: int
+    num_seqs: int
+    seq_len: int
+    num_logits_rows: int
 
-    device = torch.device(config.device)
-    num_tokens = config.max_num_batched_tokens
-    seq_len = min(num_tokens, config.max_model_len)
-    num_seqs = -(-num_tokens // seq_len)
-    scratch = allocate(spec, num_seqs * -(-seq_len // spec.block_size), device)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    ModelRunner(model, scratch, None, device).profile_forward(num_tokens, num_seqs, seq_len,
-                                                              min(config.max_num_seqs, num_tokens))
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - scratch.numel() * scratch.element_size()
-    del scratch
-    torch.cuda.empty_cache()
-    _, total = torch.cuda.mem_get_info(device)
-    budget = int(total * config.gpu_memory_utilization) - peak
+    @classmethod
+    def largest_step(cls, config: EngineConfig) -> ProfileShape:
+        num_tokens = config.max_num_batched_tokens
+        seq_len = min(num_tokens, config.max_model_len)
+        return cls(num_tokens, -(-num_tokens // seq_len), seq_len, min(config.max_num_seqs, num_tokens))
+
+    def num_blocks(self, block_size: int) -> int:
+        """Blocks of the scratch cache the profiled forward writes into."""
+        return self.num_seqs * -(-self.seq_len // block_size)
+
+
+def gpu_kv_cache_budget(config: EngineConfig, total_bytes: int, peak_bytes: int, shape: ProfileShape) -> int:
+    """Bytes for the KV cache on a GPU: gpu_memory_utilization of its memory (total_bytes), minus the
+    peak of a profiled forward of the largest step (weights + activations + logits; the worker
+    measures it, see Worker.profile_memory), as vLLM sizes it."""
+    budget = int(total_bytes * config.gpu_memory_utilization) - peak_bytes
     logger.info("GPU memory: %.2f GiB total x %.2f utilization - %.2f GiB peak of a profiled %d-token step "
-                "= %.2f GiB for the KV cache", total / GiB, config.gpu_memory_utilization, peak / GiB,
-                num_tokens, budget / GiB)
+                "= %.2f GiB for the KV cache", total_bytes / GiB, config.gpu_memory_utilization, peak_bytes / GiB,
+                shape.num_tokens, budget / GiB)
     if budget <= 0:
-        raise ValueError(f"no GPU memory left for the KV cache (peak {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB); "
-                         "raise --gpu-memory-utilization or lower --max-num-batched-tokens")
+        raise ValueError(f"no GPU memory left for the KV cache (peak {peak_bytes / GiB:.2f} GiB of "
+                         f"{total_bytes / GiB:.2f} GiB); raise --gpu-memory-utilization or lower "
+                         "--max-num-batched-tokens")
     return budget
 
 
 def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu",
              pin_memory: bool = False) -> torch.Tensor:
-    """Uninitialised on purpose: every slot a kernel reads was written first (positions < seq_len),
-    and not touching the pages keeps start-up fast and memory committed only as it is used.
+    """Uninitialised (every slot a kernel reads was written first: positions < seq_len) but committed:
+    a CPU cache's pages are made resident here (host_memory.commit_pages), so the process holds at
+    start what it reserved and its RSS stays flat under load. Left to first touch, the pages came in
+    one block at a time as the LRU free list walked the pool, and RSS grew under load until the whole
+    cache was resident (issue "Memory grows without bound under load"). Pinned caches are resident
+    already.
 
-    PAGEDCORE_KV_HUGE_PAGES=1 advises a CPU cache onto transparent huge pages while still
-    untouched: attention reads 4 KB planes from blocks scattered over gigabytes, and with 4 KB pages
-    nearly each one is a TLB miss; warm, the decode attention ran ~10% faster. Off by default: with
-    THP defrag in "madvise" mode each first touch of a 2 MB page compacts memory synchronously, and
-    the 64-request benchmark (`pagedcore bench throughput --num-prompts 64`) ran 3-9% slower end
-    to end (163.2 and 153.6 vs 169.7 and 168.8 tok/s without). A long-running server pays that once."""
+    PAGEDCORE_KV_HUGE_PAGES=1 advises a CPU cache onto 2 MB transparent huge pages before the
+    commit: attention reads 4 KB planes from blocks scattered over gigabytes, and with 4 KB pages
+    nearly each one is a TLB miss (warm, decode attention ran ~10% faster). Off by default: committing
+    4 GiB onto huge pages took 12-13 s at start-up against ~1-2 s in 4 KB pages (THP compaction, AMD
+    EPYC Zen 5 KVM guest), and the 64-request benchmark ran no faster (216 vs 215 / 209 output tok/s),
+    as it ran 3-9% slower when the huge pages were faulted in inside the step loop (AVX2 EPYC)."""
     cache = torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
-    if cache.is_cpu and not pin_memory and cache.numel() and os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1":
-        advise = getattr(_core, "advise_huge_pages", None)
-        if advise is not None:
-            advised = advise(cache.data_ptr(), cache.numel() * cache.element_size())
-            logger.debug("KV cache: %.2f GiB advised onto huge pages", advised / GiB)
+    if cache.is_cpu and not pin_memory:
+        t0 = time.perf_counter()
+        huge_pages = os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1"
+        committed, advised = host_memory.commit_pages(cache, huge_pages=huge_pages)
+        logger.info("KV cache: %.2f GiB committed in %.2f s (%.2f GiB advised onto huge pages)",
+                    committed / GiB, time.perf_counter() - t0, advised / GiB)
     return cache

@@ -54,7 +54,7 @@ class LLMEngine:
             num_blocks = config.num_gpu_blocks_override
         else:
             budget = (kvc.gpu_kv_cache_budget(config, spec, loaded.model) if on_gpu
-                      else kvc.cpu_kv_cache_budget(config))
+                      else kvc.cpu_kv_cache_budget(config, spec))
             num_blocks = kvc.num_blocks_for(spec, budget)
             if num_blocks * config.block_size < config.max_model_len:
                 raise ValueError(
