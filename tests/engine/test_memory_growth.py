@@ -53,9 +53,10 @@ def test_rss_flat_over_rounds_of_varied_requests():
     rss = json.loads(done.stdout.strip().splitlines()[-1])
     # The 1 GiB cache is resident from the start (the model adds ~0.5 GiB of fp32 weights)...
     assert rss["after_start"] - rss["before"] >= 1024, rss
-    # ...and nothing grows afterwards: rounds 2-4 touch ~600 MB of never-used blocks on the old code.
-    growth = rss["rounds"][-1] - rss["rounds"][0]
-    assert growth < 100, f"RSS grew {growth:.0f} MiB over three rounds: {rss}"
+    # ...and nothing grows afterwards. Rounds 2-4 touched ~780 MB of never-used blocks on the old code;
+    # with the fix the rounds stay within ~60 MB of each other (the allocator's swing, 12 rounds seen).
+    growth = max(rss["rounds"][1:]) - rss["rounds"][0]
+    assert growth < 150, f"RSS grew {growth:.0f} MiB after the first round: {rss}"
 
 
 def _thp_available() -> bool:
