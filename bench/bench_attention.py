@@ -11,7 +11,7 @@ with torch's GEMMs (OpenMP shared with torch vs our own std::thread pool).
 
 Columns: us = µs per call (median, or with --stat min the best iteration); GB/s = bytes of K/V the call must read / time; GFLOP/s =
 4 * head_size * (query head, key) pairs / time; floor = those bytes at the machine's measured read
-bandwidth (printed first); x floor = us / floor. ref = kernels_reference (Python loops over
+bandwidth (printed first); x floor = us / floor. ref = tests/kernels/reference.py (Python loops over
 sequences, gather + einsum), sdpa = torch.nn.functional.scaled_dot_product_attention on K/V already
 gathered into contiguous [batch, kv_heads, seq, head] tensors (the gather itself not timed).
 
@@ -55,11 +55,16 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import pagedcore._core as _core
-from pagedcore import kernels, kernels_reference
+from pagedcore.ops import attention as kernels
+
+# The naive reference is the tests' oracle (tests/kernels/reference.py), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.kernels import reference as oracle  # noqa: E402
 
 SHAPES = {  # name: (num_heads, num_kv_heads, head_size)
     "SmolLM2-135M": (9, 3, 64),
@@ -141,12 +146,12 @@ class Case:
         kernels.paged_attention(*self.args())
 
     def reference(self):
-        kernels_reference.paged_attention(*self.args())
+        oracle.paged_attention(*self.args())
 
     def sdpa_fn(self):
-        k = torch.stack([kernels_reference.gather_kv(self.key_cache, self.block_tables[s], self.seq_len)
+        k = torch.stack([oracle.gather_kv(self.key_cache, self.block_tables[s], self.seq_len)
                          for s in range(self.batch)]).transpose(1, 2).to(self.query.dtype)
-        v = torch.stack([kernels_reference.gather_kv(self.value_cache, self.block_tables[s], self.seq_len)
+        v = torch.stack([oracle.gather_kv(self.value_cache, self.block_tables[s], self.seq_len)
                          for s in range(self.batch)]).transpose(1, 2).to(self.query.dtype)
         q = self.query.view(self.batch, self.q_len, self.h, self.d).transpose(1, 2)
         mask = None

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure", file=sys.stderr)
         return 1
-    from pagedcore import kernels_cuda as kc
+    from pagedcore.ops import attention_cuda as kc
 
     if not kc.is_available():
         print("pagedcore._core was built without CUDA", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The linear kernel (pagedcore.kernels_linear) against torch.nn.functional.linear at SmolLM2-135M's
+"""The linear kernel (pagedcore.ops.linear) against torch.nn.functional.linear at SmolLM2-135M's
 shapes: µs per call, weight GB/s, GFLOP/s, and the ratio; plus the read bandwidth it is held to.
 
     .venv/bin/python bench/bench_linear.py                       # fp32 and bf16, M = 1 .. 2048 (~2 min)
@@ -22,7 +22,7 @@ moments between other jobs; read probe 41 GB/s on 2 threads, 22 GB/s on 1:
     ours bf16  51 / 65 / 68 / 70       torch bf16        ~10 / 12 / 14 / 15
   torch's bf16 GEMM has no fast path on a CPU without AVX512-BF16: ~25-30 GFLOP/s on 2 threads at
   every M (fp32 MKL: 100-128), so bf16 layers use the kernel at every size here; fp32 ones up to
-  kernels_linear.max_rows rows.
+  pagedcore.ops.linear.max_rows rows.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def sweep_time(fn_per_weight, weights, repeats: int) -> float:
 
 
 def main(argv=None) -> int:
-    from pagedcore import _core, kernels_linear
+    from pagedcore import _core
+    from pagedcore.ops.linear import LinearKernel
+    from pagedcore.ops.linear_isa import auto_isa
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"threads={torch.get_num_threads()}  kernel={kernels_linear.isa()}  load: {load}")
+    print(f"threads={torch.get_num_threads()}  kernel={auto_isa()}  load: {load}")
     buf = torch.ones(512 << 18)  # 512 MB
     for threads in sorted({1, torch.get_num_threads()}):
         t = min(_timed(lambda: _core.linear_read_probe(buf.data_ptr(), buf.numel() * 4, threads, -1))
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
             wbytes = N * K * dtype.itemsize
             copies = max(2, args.mbytes * (1 << 20) // wbytes)
             weights = [torch.randn(N, K).to(dtype) for _ in range(copies)]
-            kernels = {id(w): kernels_linear.LinearKernel(w) for w in weights}
+            kernels = {id(w): LinearKernel(w) for w in weights}
             for M in args.rows:
                 x = torch.randn(M, K).to(dtype)
                 reps = args.repeats if M * N * K < 1e9 else max(2, args.repeats // 2)

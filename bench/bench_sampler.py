@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from pagedcore.sampler import Sampler
+from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling import SamplingMetadata, make_generator
 from pagedcore.sampling_params import SamplingParams
 

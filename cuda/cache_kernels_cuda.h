@@ -1,6 +1,6 @@
 // Writing new K/V into the paged cache (reshape_and_cache) and copying whole blocks on the GPU
 // (copy_blocks: copy-on-write) or between the GPU cache and the CPU pool (swap_blocks). The contract
-// is the CPU kernels' (cpp/kernels/cache_kernels.h); python/pagedcore/kernels_cuda.py checks tensors.
+// is the CPU kernels' (cpp/kernels/cache_kernels.h); python/pagedcore/ops/attention_cuda.py checks tensors.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,7 @@ namespace pagedcore {
 namespace cuda {
 
 // Element type of an activation or cache buffer. Codes 0 and 1 are those of the CPU kernels
-// (cpp/kernels/kernel_types.h); fp16 exists only on the GPU. Shared with python/pagedcore/kernels_cuda.py.
+// (cpp/kernels/kernel_types.h); fp16 exists only on the GPU. Shared with python/pagedcore/ops/dtypes.py.
 enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 inline bool valid_dtype(int32_t code) { return code >= 0 && code <= 2; }

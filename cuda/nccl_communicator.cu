@@ -65,7 +65,7 @@ const NcclLibrary& library(const std::string& requested) {
   if (handle == nullptr) {
     const char* why = dlerror();
     throw std::runtime_error("cannot load the NCCL library '" + path + "' (" + (why ? why : "unknown error") +
-                             "); install it with `pip install nvidia-nccl-cu13` (pagedcore.kernels_cuda finds it "
+                             "); install it with `pip install nvidia-nccl-cu13` (pagedcore.ops.nccl finds it "
                              "there) or point PAGEDCORE_NCCL_LIBRARY at libnccl.so.2");
   }
   NcclLibrary lib;

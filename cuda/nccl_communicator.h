@@ -1,7 +1,7 @@
 // An NCCL communicator for tensor parallelism (all-reduce of partial sums after attention and MLP).
 // libnccl.so.2 is loaded with dlopen at run time: the CUDA toolkit does not ship it, so the build
 // never links it, and a machine without it gets a clear error only when a communicator is asked for.
-// On GPU machines the pip package nvidia-nccl-cu13 provides it (python/pagedcore/kernels_cuda.py
+// On GPU machines the pip package nvidia-nccl-cu13 provides it (python/pagedcore/ops/nccl.py
 // finds it there).
 #pragma once
 

@@ -1,6 +1,6 @@
 // Paged attention on the GPU for mixed batches: decode rows (one new token) and prefill chunks
 // attend causally to their sequence's cached K/V through the block table. The contract is the CPU
-// kernel's (cpp/kernels/paged_attention.h); python/pagedcore/kernels_cuda.py checks the tensors.
+// kernel's (cpp/kernels/paged_attention.h); python/pagedcore/ops/attention_cuda.py checks the tensors.
 //
 // Two kernels share one call, on one stream:
 //   decode  (q_len == 1): flash-decoding. One CTA per (sequence, kv head, head chunk, partition of

@@ -27,6 +27,9 @@ if [ -z "$PY" ]; then
     || { echo "FAILED: could not install a CUDA torch (offline?); set PYTHON to a Python with one"; exit 2; }
   has_cuda_torch "$PY" || { echo "FAILED: the installed torch sees no GPU"; exit 2; }
 fi
+# pyproject.toml sets a pytest timeout, which --strict-config refuses without the plugin.
+"$PY" -c 'import pytest_timeout' 2>/dev/null || "$PY" -m pip install -q pytest-timeout \
+  || { echo "FAILED: pytest-timeout is missing (pip install pytest-timeout)"; exit 2; }
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "|", torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 "$PY" -c 'import nvidia.nccl' 2>/dev/null && echo "nvidia-nccl: present" || echo "nvidia-nccl: absent (NCCL tests will fail)"

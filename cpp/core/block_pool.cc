@@ -104,21 +104,21 @@ void BlockPool::release(BlockId block_id, SeqId owner) {
 }
 
 BlockId BlockPool::lookup(uint64_t hash, uint64_t parent_hash, const TokenId* tokens,
-                          uint64_t extra_key) const {
+                          const CacheKey& cache_key) const {
   if (!enable_prefix_caching_) return kNullBlock;
   auto it = hash_to_block_.find(hash);
   if (it == hash_to_block_.end()) return kNullBlock;
   const BlockId b = it->second;
   const Block& block = blocks_[b];
   // Confirm: a 64-bit collision must not hand out another prefix's KV.
-  if (block.parent_hash != parent_hash || block.extra_key != extra_key) return kNullBlock;
+  if (block.parent_hash != parent_hash || block.cache_key != cache_key) return kNullBlock;
   const TokenId* stored = &block_tokens_[static_cast<size_t>(b) * block_size_];
   if (!std::equal(tokens, tokens + block_size_, stored)) return kNullBlock;
   return b;
 }
 
 bool BlockPool::register_block(BlockId block_id, uint64_t hash, uint64_t parent_hash,
-                               const TokenId* tokens, uint64_t extra_key) {
+                               const TokenId* tokens, const CacheKey& cache_key) {
   if (!enable_prefix_caching_) return false;
   Block& block = blocks_[check(block_id)];
   if (block.has_hash) return block.hash == hash;
@@ -126,7 +126,7 @@ bool BlockPool::register_block(BlockId block_id, uint64_t hash, uint64_t parent_
   block.has_hash = true;
   block.hash = hash;
   block.parent_hash = parent_hash;
-  block.extra_key = extra_key;
+  block.cache_key = cache_key;
   std::copy(tokens, tokens + block_size_, &block_tokens_[static_cast<size_t>(block_id) * block_size_]);
   if (block.in_free_list) ++num_cached_free_;
   return true;

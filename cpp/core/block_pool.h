@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cache_key.h"
 #include "core/common.h"
 #include "core/step_trace.h"
 
@@ -46,11 +47,11 @@ class BlockPool {
 
   // Prefix cache. lookup() returns the block holding exactly these tokens after this parent, or
   // kNullBlock; it changes nothing (retain() the result to use it).
-  BlockId lookup(uint64_t hash, uint64_t parent_hash, const TokenId* tokens, uint64_t extra_key) const;
+  BlockId lookup(uint64_t hash, uint64_t parent_hash, const TokenId* tokens, const CacheKey& cache_key) const;
   // Indexes a full, computed block under its hash. False (and nothing changes) when prefix caching
   // is off or another block already holds that hash.
   bool register_block(BlockId block_id, uint64_t hash, uint64_t parent_hash, const TokenId* tokens,
-                      uint64_t extra_key);
+                      const CacheKey& cache_key);
   bool block_has_hash(BlockId block_id) const { return blocks_.at(check(block_id)).has_hash; }
 
   // Free block ids from head (next to be allocated) to tail. O(num_free); for tests and traces.
@@ -66,8 +67,8 @@ class BlockPool {
     bool in_free_list = false;
     bool has_hash = false;
     uint64_t hash = 0;
-    uint64_t parent_hash = 0;  // stored to confirm a hit (with the tokens and extra_key)
-    uint64_t extra_key = 0;
+    uint64_t parent_hash = 0;  // stored to confirm a hit (with the tokens and cache_key)
+    CacheKey cache_key;
   };
 
   BlockId check(BlockId block_id) const;

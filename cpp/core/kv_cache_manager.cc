@@ -20,23 +20,24 @@ void KVCacheManager::set_trace(StepTrace* trace) {
 
 void KVCacheManager::extend_block_hashes(Sequence& seq, int num_full_blocks) const {
   //   token_ids: [ b0 (bs tokens) | b1 | b2 | ... | partial ]
-  //   block_hashes[i] = H(block_hashes[i-1] or root, tokens of b_i, extra_key)
+  //   block_hashes[i] = H(block_hashes[i-1] or root, tokens of b_i, cache_key)
   for (int i = static_cast<int>(seq.block_hashes.size()); i < num_full_blocks; ++i) {
     const uint64_t parent = i == 0 ? kRootBlockHash : seq.block_hashes[i - 1];
     seq.block_hashes.push_back(hash_block_tokens(parent, &seq.token_ids[static_cast<size_t>(i) * block_size_],
-                                                 block_size_, seq.params.extra_key));
+                                                 block_size_, seq.params.cache_key));
   }
 }
 
 std::vector<BlockId> KVCacheManager::find_cached_prefix(Sequence& seq) {
   std::vector<BlockId> hits;
   if (!gpu_pool_.prefix_caching() || seq.num_tokens() == 0) return hits;
-  const int max_blocks = (seq.num_tokens() - 1) / block_size_;  // keep >= 1 token to compute
+  // Keep the last token and the drafts to compute: they yield the logits rows.
+  const int max_blocks = (seq.num_tokens() - seq.num_draft_tokens - 1) / block_size_;
   extend_block_hashes(seq, max_blocks);
   for (int i = 0; i < max_blocks; ++i) {
     const uint64_t parent = i == 0 ? kRootBlockHash : seq.block_hashes[i - 1];
     const BlockId b = gpu_pool_.lookup(seq.block_hashes[i], parent,
-                                       &seq.token_ids[static_cast<size_t>(i) * block_size_], seq.params.extra_key);
+                                       &seq.token_ids[static_cast<size_t>(i) * block_size_], seq.params.cache_key);
     if (b == kNullBlock) break;
     hits.push_back(b);
   }
@@ -111,6 +112,13 @@ void KVCacheManager::free(Sequence& seq) {
   seq.num_registered_blocks = 0;
 }
 
+void KVCacheManager::truncate(Sequence& seq, int num_blocks) {
+  while (static_cast<int>(seq.block_table.size()) > num_blocks) {
+    gpu_pool_.release(seq.block_table.back(), seq.seq_id);
+    seq.block_table.pop_back();
+  }
+}
+
 void KVCacheManager::fork(const Sequence& parent, Sequence& child) {
   child.block_table = parent.block_table;
   for (BlockId b : child.block_table) gpu_pool_.retain(b);
@@ -165,7 +173,7 @@ void KVCacheManager::register_computed_blocks(Sequence& seq) {
     const uint64_t parent = i == 0 ? kRootBlockHash : seq.block_hashes[i - 1];
     const BlockId b = seq.block_table[i];
     if (gpu_pool_.register_block(b, seq.block_hashes[i], parent,
-                                 &seq.token_ids[static_cast<size_t>(i) * block_size_], seq.params.extra_key) &&
+                                 &seq.token_ids[static_cast<size_t>(i) * block_size_], seq.params.cache_key) &&
         trace_) {
       trace_->add(TraceEventType::kCacheRegister, seq.seq_id, b, 0);
     }

@@ -27,8 +27,9 @@ class KVCacheManager {
 
   int blocks_for(int num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
 
-  // The cached blocks holding a prefix of seq.token_ids (at most num_tokens - 1 tokens, so the
-  // last token is always computed and yields logits). Changes nothing but seq.block_hashes.
+  // The cached blocks holding a prefix of seq.token_ids (at most num_tokens - num_draft_tokens - 1
+  // tokens, so every position that yields a logits row is computed, and drafts are never hashed).
+  // Changes nothing but seq.block_hashes.
   std::vector<BlockId> find_cached_prefix(Sequence& seq);
   // Admits a sequence with no blocks: takes the hit blocks, sets num_computed_tokens to the hit
   // length and allocates blocks for num_new_tokens after it. False, with nothing changed, when
@@ -41,6 +42,8 @@ class KVCacheManager {
   int num_blocks_needed(const Sequence& seq, int num_new_tokens) const;
   // Releases the sequence's device blocks, last block first (chain tails are evicted first).
   void free(Sequence& seq);
+  // Releases the blocks past the first num_blocks, last first (a rolled-back tail is reused first).
+  void truncate(Sequence& seq, int num_blocks);
   // The child shares every block of the parent (one more reference each).
   void fork(const Sequence& parent, Sequence& child);
   // Device -> CPU: copies reported as (gpu, cpu). False, nothing changed, when the CPU pool is short.

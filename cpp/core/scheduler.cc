@@ -26,6 +26,22 @@ void Scheduler::move(Sequence& seq, SeqStatus to) {
   seq.status = to;
 }
 
+int Scheduler::fit_grant(const Sequence& seq, int num_computed, int num_new_tokens) const {
+  // A sequence with k drafts yields its k + 1 logits rows from one forward, so a chunk never
+  // ends inside that verify window:
+  //
+  //   token_ids: [ prompt / accepted ......... | a  d1 .. dk ]
+  //                ^ num_computed               ^ window_start = num_tokens - k - 1
+  //   chunk end:  <= window_start  or  == num_tokens
+  //
+  // 0 when the budget cannot reach either: the sequence waits for a step with more budget.
+  if (seq.num_draft_tokens == 0) return num_new_tokens;
+  const int end = num_computed + num_new_tokens;
+  const int window_start = seq.num_tokens() - seq.num_draft_tokens - 1;
+  if (end == seq.num_tokens() || end <= window_start) return num_new_tokens;
+  return std::max(0, window_start - num_computed);
+}
+
 void Scheduler::grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out) {
   //   token_ids:  [ computed ............ | granted this step | not yet ]
   //                0                      c                   c+n
@@ -47,8 +63,21 @@ void Scheduler::grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out) {
     out.positions.push_back(p);
     out.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[p / bs]) * bs + p % bs);
   }
+  out.num_logits_rows.push_back(0);
   if (end == seq.num_tokens()) {  // the chunk reaches the last known token: its logits are sampled
-    out.logits_indices.push_back(out.query_start_loc.back() - 1);
+    // One row per draft plus the bonus row, the last rows of this sequence's query (see
+    // scheduler_output.h); fit_grant() keeps the whole window in this chunk.
+    const int num_rows = seq.num_draft_tokens + 1;
+    if (num_rows > num_new_tokens) {
+      throw std::logic_error("internal: sequence " + std::to_string(seq.seq_id) + " has " +
+                             std::to_string(seq.num_draft_tokens) + " drafts but only " +
+                             std::to_string(num_new_tokens) + " tokens scheduled");
+    }
+    const int64_t first_row = out.query_start_loc.back() - num_rows;
+    for (int r = 0; r < num_rows; ++r) out.logits_indices.push_back(first_row + r);
+    out.logits_start_loc.push_back(out.logits_start_loc.back() + num_rows);
+    out.num_logits_rows.back() = num_rows;
+    out.num_draft_tokens += seq.num_draft_tokens;
     out.sample_seq_ids.push_back(seq.seq_id);
     sampled_.push_back(&seq);
   }
@@ -91,6 +120,7 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   out.step_id = ++num_steps_;
   out.query_start_loc.push_back(0);
+  out.logits_start_loc.push_back(0);
   scheduled_.clear();
   sampled_.clear();
   int budget = config_.max_num_batched_tokens;
@@ -101,7 +131,8 @@ SchedulerOutput Scheduler::schedule() {
   //    Forks may leave more running sequences than max_num_seqs; the cap holds per step.
   for (size_t i = 0; i < running_.size() && budget > 0 && out.num_seqs() < config_.max_num_seqs; ++i) {
     Sequence* seq = running_[i];
-    const int num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    const int num_new =
+        fit_grant(*seq, seq->num_computed_tokens, std::min(seq->num_tokens() - seq->num_computed_tokens, budget));
     if (num_new <= 0) continue;
     bool preempted_self = false;
     while (!kv_.allocate_slots(*seq, num_new, &out.blocks_to_copy)) {
@@ -124,8 +155,9 @@ SchedulerOutput Scheduler::schedule() {
     for (; num_swapped_in < swapped_.size(); ++num_swapped_in) {
       Sequence* seq = swapped_[num_swapped_in];
       if (budget <= 0 || static_cast<int>(running_.size() + num_swapped_in) >= config_.max_num_seqs) break;
-      const int num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
-      if (!kv_.swap_in(*seq, num_new, &out.blocks_to_swap_in)) break;
+      const int num_new =
+          fit_grant(*seq, seq->num_computed_tokens, std::min(seq->num_tokens() - seq->num_computed_tokens, budget));
+      if (num_new <= 0 || !kv_.swap_in(*seq, num_new, &out.blocks_to_swap_in)) break;
       move(*seq, SeqStatus::kRunning);
       grant(*seq, num_new, out);
       budget -= num_new;
@@ -143,9 +175,10 @@ SchedulerOutput Scheduler::schedule() {
         break;
       }
       const std::vector<BlockId> cached_prefix = kv_.find_cached_prefix(*seq);
-      const int num_remaining = seq->num_tokens() - static_cast<int>(cached_prefix.size()) * config_.block_size;
-      const int num_new = std::min(num_remaining, budget);
-      if (!config_.enable_chunked_prefill && num_new < num_remaining) break;
+      const int num_hit_tokens = static_cast<int>(cached_prefix.size()) * config_.block_size;
+      const int num_remaining = seq->num_tokens() - num_hit_tokens;
+      const int num_new = fit_grant(*seq, num_hit_tokens, std::min(num_remaining, budget));
+      if (num_new <= 0 || (!config_.enable_chunked_prefill && num_new < num_remaining)) break;
       if (!kv_.admit(*seq, cached_prefix, num_new)) break;
       if (seq->num_cached_tokens < 0) seq->num_cached_tokens = seq->num_computed_tokens;
       move(*seq, SeqStatus::kRunning);

@@ -45,8 +45,15 @@ class Scheduler {
   // sampling, beam search). Its last, not yet computed token is replaced by last_token_id
   // (-1 keeps the parent's).
   void fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_token_id);
-  // Appends known tokens (e.g. speculative drafts) to a running sequence; the next step schedules them.
-  void append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids);
+  // Appends tokens to an unfinished sequence; the next step schedules them. Known tokens (draft =
+  // false) are kept as given. Drafts (draft = true) are proposals to verify: the step computing
+  // them yields num_draft_tokens + 1 logits rows and update_accepted() keeps what is accepted.
+  // Known tokens cannot follow drafts.
+  void append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids, bool draft = false);
+  // The inverse of append_tokens: drops the last num_tokens tokens, which must all be without KV
+  // (at most num_tokens - num_computed_tokens - 1, so one token is left for the next step to
+  // compute) and past the prompt. Drafts among them are dropped from num_draft_tokens.
+  void remove_tail_tokens(SeqId seq_id, int32_t num_tokens);
   // Ends a sequence in any state and frees its blocks at once. False when unknown or finished.
   bool abort_sequence(SeqId seq_id);
 
@@ -56,6 +63,14 @@ class Scheduler {
   // sample row (SchedulerOutput::sample_seq_ids order); `forks` add children of sampled
   // sequences that share their blocks (n > 1). Reports the sequences that finished.
   UpdateResult update(const std::vector<TokenId>& sampled_token_ids, const std::vector<SampleFork>& forks = {});
+  // The general form: sample row j (sample_seq_ids order) appends num_accepted_tokens[j] tokens,
+  // 0 .. num_logits_rows[j], taken in order from the flat accepted_token_ids (layout in
+  // scheduler_output.h). Draft tokens not confirmed are rolled back: token ids, KV
+  // (num_computed_tokens), block-table tail and block hashes. Stop conditions are checked at every
+  // accepted token; tokens after a stop are dropped. update() is this form with every count 1.
+  UpdateResult update_accepted(const std::vector<TokenId>& accepted_token_ids,
+                               const std::vector<int32_t>& num_accepted_tokens,
+                               const std::vector<SampleFork>& forks = {});
 
   // Forgets the step in flight (the forward failed): nothing advances, the same tokens are
   // scheduled again next time. No-op when no step is in flight.
@@ -74,7 +89,10 @@ class Scheduler {
  private:
   Sequence* get(SeqId seq_id, const char* what);
   static std::vector<SeqId> ids_of(const SequenceQueue& queue);
+  int fit_grant(const Sequence& seq, int num_computed, int num_new_tokens) const;
   void grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out);
+  UpdateResult apply_update(const AcceptedTokens& accepted, const std::vector<SampleFork>& forks);
+  bool accept_tokens(Sequence& seq, const TokenId* token_ids, int num_accepted, FinishReason* reason);
   void preempt(Sequence& victim, SchedulerOutput& out);
   void finish(Sequence& seq, FinishReason reason, TokenId stop_token_id);
   bool should_stop(Sequence& seq, TokenId token, FinishReason* reason) const;

@@ -1,4 +1,5 @@
-// Scheduler: the sequence lifecycle around schedule(): add, fork, append, abort, update, finish.
+// Scheduler: the sequence lifecycle around schedule(): add, fork, append / remove tokens, abort, finish.
+// update() itself, which accepts a step's tokens, lives in scheduler_accept.cc.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -68,12 +69,15 @@ void Scheduler::fork_sequence(SeqId parent_id, SeqId child_id, TokenId last_toke
     throw std::invalid_argument("fork_sequence: parent " + str(parent_id) + " is not running");
   }
   if (seqs_.count(child_id)) throw std::invalid_argument("fork_sequence: id " + str(child_id) + " is already in use");
+  // Only a last token without KV yet may differ (the blocks up to it are shared), and never a draft.
+  if (last_token_id >= 0 &&
+      (parent->num_draft_tokens > 0 || parent->num_computed_tokens != parent->num_tokens() - 1)) {
+    throw std::invalid_argument("fork_sequence: parent " + str(parent_id) +
+                                " has draft tokens or its last token is already computed; fork right after "
+                                "update() or pass last_token_id=-1 to copy it as it is");
+  }
   Sequence* child = make_child(*parent, child_id);
   if (last_token_id >= 0) {
-    // Only a token without KV yet may differ; the blocks up to it are shared.
-    if (child->num_computed_tokens != child->num_tokens() - 1) {
-      throw std::invalid_argument("fork_sequence: the parent's last token is already computed; fork right after update()");
-    }
     child->token_ids.back() = last_token_id;
     child->block_hashes.resize(std::min<size_t>(child->block_hashes.size(), child->num_computed_tokens / config_.block_size));
   }
@@ -93,13 +97,52 @@ Sequence* Scheduler::make_child(const Sequence& parent, SeqId child_id) {
   return raw;
 }
 
-void Scheduler::append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids) {
+void Scheduler::append_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids, bool draft) {
   if (step_in_flight_) throw std::logic_error("append_tokens() between schedule() and update(); call it after update()");
   Sequence* seq = get(seq_id, "append_tokens");
-  if (seq->num_tokens() + static_cast<int64_t>(token_ids.size()) > max_seq_len_) {
+  const int64_t num_new = static_cast<int64_t>(token_ids.size());
+  if (!draft && seq->num_draft_tokens > 0 && num_new > 0) {
+    throw std::invalid_argument("append_tokens: sequence " + str(seq_id) + " ends in " + str(seq->num_draft_tokens) +
+                                " draft tokens and known tokens cannot follow drafts; append them with draft=True "
+                                "or remove_tail_tokens(" + str(seq_id) + ", " + str(seq->num_draft_tokens) + ") first");
+  }
+  if (seq->num_tokens() + num_new > max_seq_len_) {
     throw std::invalid_argument("append_tokens: sequence " + str(seq_id) + " would exceed " + str(max_seq_len_) + " tokens");
   }
+  if (draft && seq->num_draft_tokens + num_new + 1 > config_.max_num_batched_tokens) {
+    throw std::invalid_argument("append_tokens: " + str(seq->num_draft_tokens + num_new) +
+                                " drafts are verified in one step of that many tokens + 1, more than "
+                                "max_num_batched_tokens (" + str(config_.max_num_batched_tokens) +
+                                "); propose fewer drafts or raise max_num_batched_tokens");
+  }
+  for (TokenId t : token_ids) {
+    if (t < 0) throw std::invalid_argument("append_tokens: token ids must be >= 0, got " + str(t));
+  }
   seq->token_ids.insert(seq->token_ids.end(), token_ids.begin(), token_ids.end());
+  if (draft) seq->num_draft_tokens += static_cast<int32_t>(num_new);
+}
+
+void Scheduler::remove_tail_tokens(SeqId seq_id, int32_t num_tokens) {
+  if (step_in_flight_) {
+    throw std::logic_error("remove_tail_tokens() between schedule() and update(); call it after update()");
+  }
+  Sequence* seq = get(seq_id, "remove_tail_tokens");
+  //   token_ids: [ prompt | outputs with KV ... | next to compute | appended ......... ]
+  //                                               ^ num_computed     removable: the tail after it
+  const int32_t num_removable =
+      seq->num_tokens() - std::max(seq->num_computed_tokens + 1, seq->num_prompt_tokens);
+  if (num_tokens < 0 || num_tokens > num_removable) {
+    throw std::invalid_argument("remove_tail_tokens: sequence " + str(seq_id) + " can drop 0.." + str(num_removable) +
+                                " tokens (appended, without KV, past the prompt, leaving one to compute), not " +
+                                str(num_tokens) + "; pass a count in that range");
+  }
+  if (num_tokens == 0) return;
+  const int32_t new_len = seq->num_tokens() - num_tokens;
+  seq->token_ids.resize(new_len);
+  seq->num_draft_tokens = std::max(0, seq->num_draft_tokens - num_tokens);
+  // Hashes of blocks that held a removed token no longer name this sequence's content.
+  seq->block_hashes.resize(std::min<size_t>(seq->block_hashes.size(), new_len / config_.block_size));
+  if (seq->status == SeqStatus::kRunning) kv_.truncate(*seq, kv_.blocks_for(new_len));
 }
 
 bool Scheduler::abort_sequence(SeqId seq_id) {
@@ -153,79 +196,6 @@ bool Scheduler::should_stop(Sequence& seq, TokenId token, FinishReason* reason) 
     return true;
   }
   return false;
-}
-
-UpdateResult Scheduler::update(const std::vector<TokenId>& sampled_token_ids, const std::vector<SampleFork>& forks) {
-  if (!step_in_flight_) throw std::logic_error("update() without a scheduled step: call schedule() first");
-  if (sampled_token_ids.size() != sampled_.size()) {
-    throw std::invalid_argument("update() got " + str(static_cast<int64_t>(sampled_token_ids.size())) +
-                                " sampled tokens for " + str(static_cast<int64_t>(sampled_.size())) +
-                                " sampled rows; pass one token per SchedulerOutput.sample_seq_ids entry");
-  }
-  for (TokenId t : sampled_token_ids) {
-    if (t < 0) throw std::invalid_argument("update(): sampled token ids must be >= 0, got " + str(t));
-  }
-  // Check every fork before changing anything, so a bad call leaves the step intact.
-  std::vector<Sequence*> fork_parents(forks.size());
-  for (size_t f = 0; f < forks.size(); ++f) {
-    auto it = seqs_.find(forks[f].parent_id);
-    const bool sampled = it != seqs_.end() &&
-                         std::find(sampled_.begin(), sampled_.end(), it->second.get()) != sampled_.end();
-    if (!sampled) {
-      throw std::invalid_argument("update(): fork parent " + str(forks[f].parent_id) + " was not sampled this step");
-    }
-    if (forks[f].token_id < 0) throw std::invalid_argument("update(): fork token ids must be >= 0");
-    const bool id_taken = seqs_.count(forks[f].child_id) > 0 ||
-                          std::any_of(forks.begin(), forks.begin() + static_cast<std::ptrdiff_t>(f),
-                                      [&](const SampleFork& g) { return g.child_id == forks[f].child_id; });
-    if (id_taken) throw std::invalid_argument("update(): fork child id " + str(forks[f].child_id) + " is already in use");
-    fork_parents[f] = it->second.get();
-  }
-  UpdateResult result;
-  // Sequences aborted while the step ran are finished already and skipped throughout.
-  for (Sequence* seq : scheduled_) {
-    if (seq->finished()) continue;
-    seq->num_computed_tokens += seq->num_scheduled_tokens;
-    seq->num_scheduled_tokens = 0;
-  }
-  // Children copy the parent before it takes its own token: same KV, same shared blocks.
-  std::vector<Sequence*> stop_candidates;
-  std::vector<TokenId> stop_tokens;
-  for (size_t f = 0; f < forks.size(); ++f) {
-    if (fork_parents[f]->finished()) continue;
-    Sequence* child = make_child(*fork_parents[f], forks[f].child_id);
-    child->token_ids.push_back(forks[f].token_id);
-    stop_candidates.push_back(child);
-    stop_tokens.push_back(forks[f].token_id);
-  }
-  for (size_t j = 0; j < sampled_.size(); ++j) {
-    if (sampled_[j]->finished()) continue;
-    sampled_[j]->token_ids.push_back(sampled_token_ids[j]);
-    stop_candidates.push_back(sampled_[j]);
-    stop_tokens.push_back(sampled_token_ids[j]);
-  }
-  // Full computed blocks become findable before a finished sequence releases them.
-  for (Sequence* seq : scheduled_) {
-    if (!seq->finished()) kv_.register_computed_blocks(*seq);
-  }
-  bool any_finished = false;
-  for (size_t j = 0; j < stop_candidates.size(); ++j) {
-    Sequence& seq = *stop_candidates[j];
-    FinishReason reason;
-    if (!should_stop(seq, stop_tokens[j], &reason)) continue;
-    kv_.free(seq);
-    finish(seq, reason, reason == FinishReason::kStop ? stop_tokens[j] : -1);
-    result.finished_seq_ids.push_back(seq.seq_id);
-    result.finish_reasons.push_back(static_cast<int32_t>(reason));
-    result.stop_token_ids.push_back(seq.stop_token_id);
-    any_finished = true;
-  }
-  if (any_finished) running_.erase_if([](const Sequence* s) { return s->finished(); });
-  step_in_flight_ = false;
-  scheduled_.clear();
-  sampled_.clear();
-  if (trace_ptr_) result.events = trace_.take();
-  return result;
 }
 
 void Scheduler::cancel_step() {

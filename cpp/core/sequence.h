@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cache_key.h"
 #include "core/common.h"
 
 namespace pagedcore {
@@ -25,7 +26,7 @@ struct StoppingParams {
   std::vector<TokenId> eos_token_ids;       // the model's EOS ids (ignored when ignore_eos)
   std::vector<TokenId> stop_token_ids;      // extra stop ids (never ignored)
   int32_t priority = 0;                     // lower value = served first (priority policy)
-  uint64_t extra_key = 0;                   // prefix-cache salt: LoRA id, tenant, ...
+  CacheKey cache_key;                       // prefix-cache key parts besides the tokens
 };
 
 struct Sequence {
@@ -36,6 +37,10 @@ struct Sequence {
   std::vector<TokenId> token_ids;  // [num_tokens] prompt then outputs
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0; // tokens whose KV is in the cache
+  // The last num_draft_tokens of token_ids are proposals (speculative drafts) awaiting
+  // verification: the step that computes them emits num_draft_tokens + 1 logits rows and update()
+  // keeps only the tokens the caller accepts. 0 for plain decoding.
+  int32_t num_draft_tokens = 0;
   int32_t num_cached_tokens = -1;  // prefix-cache hit at first admission (-1: not yet admitted)
   int32_t num_preemptions = 0;
 

@@ -1,7 +1,6 @@
 // The attention kernel instantiated for one instruction set (see attention_impl.h, CMakeLists.txt
 // for this file's compile flags).
-#include "kernels/simd_generic.h"
-
-#define PC_ISA_NAMESPACE generic16
-#define PC_VEC ::pagedcore::kernels::GenericVec<16>
+#define PC_ISA_NAMESPACE attention_generic16
+#define PC_VEC VecGeneric<16, false>
+#include "kernels/vec_generic.h"
 #include "kernels/attention_impl.h"

@@ -1,4 +1,4 @@
-// The paged-attention work-item kernel, written once against a vector trait V (simd_*.h) and
+// The paged-attention work-item kernel, written once against a vector trait V (vec_*.h) and
 // compiled once per instruction set: attention_<isa>.cc defines PC_ISA_NAMESPACE and PC_VEC, then
 // includes this file. Everything here lives in that per-ISA namespace and calls no shared inline
 // function (see attention_kernel.h for why).

@@ -60,10 +60,11 @@ using AttentionItemFn = void (*)(const PagedAttentionParams& p, const AttentionW
 
 // One per instruction set; head_size picks a specialisation (64, 128 or any multiple of W).
 // nullptr when this ISA's kernel can not take head_size (e.g. 16 lanes and head_size % 16 != 0).
-namespace generic8 { AttentionItemFn attention_item_fn(int64_t head_size); }
-namespace generic16 { AttentionItemFn attention_item_fn(int64_t head_size); }
-namespace avx2 { AttentionItemFn attention_item_fn(int64_t head_size); }
-namespace avx512 { AttentionItemFn attention_item_fn(int64_t head_size); }
+// (No AVX512-BF16 variant: its bf16 dot products pay off in the linear kernel's weight streams.)
+namespace attention_generic8 { AttentionItemFn attention_item_fn(int64_t head_size); }
+namespace attention_generic16 { AttentionItemFn attention_item_fn(int64_t head_size); }
+namespace attention_avx2 { AttentionItemFn attention_item_fn(int64_t head_size); }
+namespace attention_avx512 { AttentionItemFn attention_item_fn(int64_t head_size); }
 
 }  // namespace kernels
 }  // namespace pagedcore

@@ -68,7 +68,7 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
       for (int t = 0; t < NR; ++t) {
         const R y = load_f(k + t * D + c);
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) acc[i * NR + t] = V::fmadd(x[i], y, acc[i * NR + t]);
+        for (int i = 0; i < MR; ++i) acc[i * NR + t] = V::mul_add(x[i], y, acc[i * NR + t]);
       }
     }
     if constexpr (NR % 4 == 0) {  // four keys of one row: one contiguous store
@@ -107,7 +107,7 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
     for (int64_t c = 0; c < D; c += W) {
       const R y = load_f(k + c);
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) acc[i] = V::fmadd(V::load(q[i] + c), y, acc[i]);
+      for (int i = 0; i < MR; ++i) acc[i] = V::mul_add(V::load(q[i] + c), y, acc[i]);
     }
     for (int i = 0; i < MR; ++i) s[i][j] = V::reduce_add(acc[i]);
   }
@@ -149,7 +149,7 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
       for (int i = 0; i < MR; ++i) {
         const R pj = V::set1(p[i][j]);
 #pragma GCC unroll 4
-        for (int u = 0; u < NV; ++u) r[i][u] = V::fmadd(pj, v[u], r[i][u]);
+        for (int u = 0; u < NV; ++u) r[i][u] = V::mul_add(pj, v[u], r[i][u]);
       }
     }
 #pragma GCC unroll 4
@@ -163,7 +163,7 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
     for (int64_t j = 0; j < n; ++j) {
       const R v0 = load_f(Vb + j * D + c);
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) r[i] = V::fmadd(V::set1(p[i][j]), v0, r[i]);
+      for (int i = 0; i < MR; ++i) r[i] = V::mul_add(V::set1(p[i][j]), v0, r[i]);
     }
     for (int i = 0; i < MR; ++i) V::store(a[i] + c, r[i]);
   }

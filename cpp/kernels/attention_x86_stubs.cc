@@ -1,13 +1,13 @@
-// Non-x86 builds: no AVX kernels; cpu_isa.cc never selects them there.
+// Non-x86 builds: no AVX kernels; isa_supported() says false for them, so they are never picked.
 #include "kernels/attention_kernel.h"
 
 namespace pagedcore {
 namespace kernels {
-namespace avx2 {
+namespace attention_avx2 {
 AttentionItemFn attention_item_fn(int64_t) { return nullptr; }
-}  // namespace avx2
-namespace avx512 {
+}  // namespace attention_avx2
+namespace attention_avx512 {
 AttentionItemFn attention_item_fn(int64_t) { return nullptr; }
-}  // namespace avx512
+}  // namespace attention_avx512
 }  // namespace kernels
 }  // namespace pagedcore

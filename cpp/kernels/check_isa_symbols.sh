@@ -7,7 +7,7 @@
 set -eu
 case "$1" in
   attention) files='^attention_avx(2|512).*\.o$'
-             allowed='kernels::(avx2|avx512|VecAvx2|VecAvx512)::' ;;
+             allowed='kernels::attention_(avx2|avx512)::' ;;
   linear)    files='^linear_avx(2|512).*\.o$'
              allowed='kernels::linear_(avx2|avx512|avx512_bf16dot)::' ;;
   *) echo "usage: $0 attention|linear OBJECTS"; exit 2 ;;

@@ -1,52 +1,35 @@
 #include "kernels/cpu_isa.h"
 
 #include <atomic>
-#include <initializer_list>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace pagedcore {
 namespace kernels {
-
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kGeneric: return "generic";
-    case Isa::kGeneric16: return "generic16";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-  }
-  return "unknown";
-}
-
-bool isa_supported(Isa isa) {
-  switch (isa) {
-    case Isa::kGeneric:
-    case Isa::kGeneric16:
-      return true;
-#if defined(__x86_64__) && defined(PAGEDCORE_KERNELS_X86)
-    // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
-    case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    case Isa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-    default:
-      return false;
-  }
-}
-
 namespace {
+
+const char* const kIsaNames[kNumIsas] = {"generic", "generic16", "avx2", "avx512", "avx512_bf16",
+                                         "generic16_bf16", "avx512_vnni", "amx_bf16", "amx_int8"};
+
+#if defined(__x86_64__) && defined(PAGEDCORE_KERNELS_X86)
+// __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+#endif
 
 Isa best_isa() {
   if (const char* env = std::getenv("PAGEDCORE_KERNEL_ISA")) {
-    for (Isa isa : {Isa::kGeneric, Isa::kGeneric16, Isa::kAvx2, Isa::kAvx512}) {
-      if (std::strcmp(env, isa_name(isa)) == 0 && isa_supported(isa)) return isa;
-    }
+    Isa isa;
+    if (isa_from_name(env, &isa) && isa_supported(isa)) return isa;
   }
-  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
-  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2})
+    if (isa_supported(isa)) return isa;
   return Isa::kGeneric;
 }
 
@@ -56,6 +39,44 @@ std::atomic<int>& active_isa_slot() {
 }
 
 }  // namespace
+
+const char* isa_name(Isa isa) {
+  const int code = static_cast<int>(isa);
+  return code >= 0 && code < kNumIsas ? kIsaNames[code] : "unknown";
+}
+
+bool isa_from_name(const char* name, Isa* isa) {
+  for (int code = 0; code < kNumIsas; ++code) {
+    if (std::strcmp(name, kIsaNames[code]) == 0) {
+      *isa = static_cast<Isa>(code);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric:
+    case Isa::kGeneric16:
+    case Isa::kGeneric16Bf16:
+      return true;
+#if defined(__x86_64__) && defined(PAGEDCORE_KERNELS_X86)
+    case Isa::kAvx2:
+      return cpu_has_avx2();
+    case Isa::kAvx512:
+      return cpu_has_avx512();
+    case Isa::kAvx512Bf16:
+#ifdef PAGEDCORE_NO_AVX512BF16  // the compiler could not build the vdpbf16ps kernel
+      return false;
+#else
+      return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#endif
+#endif
+    default:  // not built on this CPU family, or named room (kAvx512Vnni, kAmx*) not built yet
+      return false;
+  }
+}
 
 Isa active_isa() { return static_cast<Isa>(active_isa_slot().load(std::memory_order_relaxed)); }
 

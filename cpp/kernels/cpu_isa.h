@@ -1,20 +1,45 @@
-// Which vector instruction set the CPU kernels use, chosen once at run time.
+// Which vector instruction set the CPU kernels (attention, linear, norms) use: one enum, one
+// detection, one active choice shared by every kernel family, overridable for tests and benchmarks.
 #pragma once
+
+#include <cstdint>
 
 namespace pagedcore {
 namespace kernels {
 
-// kGeneric: portable C++ (8 lanes, auto-vectorised by the compiler for the baseline ISA).
-// kGeneric16: the same portable code at 16 lanes; it runs the AVX-512 code path's algorithm on any
-//             CPU, so tests cover that tiling where no AVX-512 machine is at hand.
-// kAvx2: AVX2 + FMA + F16C.  kAvx512: AVX-512 F/BW/VL/DQ.
-enum class Isa { kGeneric = 0, kGeneric16 = 1, kAvx2 = 2, kAvx512 = 3 };
+// The codes are Python-visible (_core.kernel_isa_names() lists the names in code order).
+//   kGeneric:       portable C++ at 8 lanes, auto-vectorised for the baseline ISA; runs anywhere.
+//   kGeneric16:     the same portable code at 16 lanes: the AVX-512 kernels' tiling on any CPU, so
+//                   tests cover it where no AVX-512 machine is at hand.
+//   kAvx2:          AVX2 + FMA + F16C, 8 lanes.
+//   kAvx512:        AVX-512 F/BW/VL/DQ, 16 lanes.
+//   kAvx512Bf16:    kAvx512 plus AVX512-BF16 (vdpbf16ps) for bf16 activations against bf16 weights;
+//                   kernels without a bf16-dot variant (attention) run their kAvx512 one.
+//   kGeneric16Bf16: portable emulation of kAvx512Bf16 (its tiling and pairwise dot products).
+// Named room for a later issue; not built yet, so isa_supported() is false for them:
+//   kAvx512Vnni (int8 dot products), kAmxBf16, kAmxInt8 (tile matrix multiply).
+enum class Isa : int32_t {
+  kGeneric = 0,
+  kGeneric16 = 1,
+  kAvx2 = 2,
+  kAvx512 = 3,
+  kAvx512Bf16 = 4,
+  kGeneric16Bf16 = 5,
+  kAvx512Vnni = 6,
+  kAmxBf16 = 7,
+  kAmxInt8 = 8,
+};
+constexpr int kNumIsas = 9;
 
+// "generic", "generic16", "avx2", "avx512", "avx512_bf16", "generic16_bf16", "avx512_vnni",
+// "amx_bf16", "amx_int8"; "unknown" for a value outside the enum.
 const char* isa_name(Isa isa);
+// The ISA called `name`; false (and `isa` untouched) for a name that is none of isa_name's.
+bool isa_from_name(const char* name, Isa* isa);
 // True when this CPU (and OS) can run kernels compiled for `isa` and this build contains them.
 bool isa_supported(Isa isa);
-// The ISA the kernels use: the best supported one, or the one named by the environment variable
-// PAGEDCORE_KERNEL_ISA (generic, generic16, avx2, avx512) when that one is supported.
+// The ISA every kernel uses unless a call names one: the best this CPU supports, or the one the
+// environment variable PAGEDCORE_KERNEL_ISA names (any isa_name) when that one is supported.
 Isa active_isa();
 // Overrides active_isa() (tests and benchmarks); returns false and changes nothing if unsupported.
 bool set_active_isa(Isa isa);

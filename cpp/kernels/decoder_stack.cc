@@ -82,7 +82,25 @@ const char* stack_op_name(int op) {
   return op >= 0 && op < kNumStackOps ? names[op] : "unknown";
 }
 
-Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
+Status decoder_stack(const DecoderStackParams& p) { return decoder_stack(p, active_isa()); }
+
+Status DecoderStack::run(const DecoderStackParams& step) {
+  DecoderStackParams p = step;
+  p.layers = layers.data();
+  p.num_layers = static_cast<int64_t>(layers.size());
+  p.hidden_size = sizes.hidden_size;
+  p.num_heads = sizes.num_heads;
+  p.num_kv_heads = sizes.num_kv_heads;
+  p.head_dim = sizes.head_dim;
+  p.intermediate_size = sizes.intermediate_size;
+  p.rms_norm_eps = sizes.rms_norm_eps;
+  p.attn_scale = sizes.attn_scale;
+  p.dtype = sizes.dtype;
+  p.op_seconds = profiling ? op_seconds.data() : nullptr;
+  return decoder_stack(p, isa ? *isa : active_isa());
+}
+
+Status decoder_stack(const DecoderStackParams& p, Isa isa) {
   Status st = check(p);
   if (!st.is_ok() || p.num_tokens == 0) return st;
   const int64_t T = p.num_tokens, E = p.hidden_size, H = p.num_heads, Hkv = p.num_kv_heads, D = p.head_dim;
@@ -111,7 +129,8 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
     lp.K = K;
     lp.x_stride = K;
     lp.out_stride = epilogue == LinearEpilogue::kSiluMul ? N / 2 : N;
-    lp.x_dtype = lp.w_dtype = lp.bias_dtype = lp.out_dtype = t;
+    lp.x_dtype = lp.bias_dtype = lp.out_dtype = t;
+    lp.weight_format = dense_weight_format(t);
     lp.epilogue = epilogue;
     return linear(lp, isa);
   };
@@ -212,7 +231,7 @@ Status decoder_stack(const DecoderStackParams& p, LinearIsa isa) {
     ap.scale = p.attn_scale;
     ap.max_query_len = p.max_query_len;
     ap.max_seq_len = p.max_seq_len;
-    if (!(st = paged_attention(ap)).is_ok()) return st;
+    if (!(st = paged_attention(ap, isa)).is_ok()) return st;
     if (num_actual < T) std::memset(at(attn, num_actual * q_size, t), 0, (T - num_actual) * q_size * es);
     clock.mark(kStackAttention);
     // o_proj, then post_attention_layernorm with the residual add

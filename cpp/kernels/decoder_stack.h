@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "kernels/kernel_types.h"
 #include "kernels/linear.h"
@@ -83,7 +85,23 @@ const char* stack_op_name(int op);
 // Runs every layer. The first layer's attention checks the metadata before anything is written
 // to the cache; on an error later (only a bug could cause one) hidden, residual and this step's
 // cache slots are left partly updated.
-Status decoder_stack(const DecoderStackParams& p, LinearIsa isa = LinearIsa::kAuto);
+// The first form runs the kernels of active_isa(), the second those of `isa` (every op).
+Status decoder_stack(const DecoderStackParams& p);
+Status decoder_stack(const DecoderStackParams& p, Isa isa);
+
+// Every layer's weights and the model's sizes, bound once at load (pagedcore.layers.decoder_stack
+// builds one); run() takes one step's buffers and metadata.
+struct DecoderStack {
+  std::vector<DecoderLayerWeights> layers;
+  DecoderStackParams sizes;  // the model's sizes, eps, scale and dtype; the per-step fields unused
+  std::optional<Isa> isa;    // unset: active_isa() at each step
+  bool profiling = false;    // accumulate seconds per op into op_seconds
+  std::vector<double> op_seconds = std::vector<double>(kNumStackOps, 0.0);  // [kNumStackOps]
+
+  // step: the per-step fields of DecoderStackParams (num_tokens .. num_actual_tokens); the layers,
+  // sizes and profile pointer come from here.
+  Status run(const DecoderStackParams& step);
+};
 
 }  // namespace kernels
 }  // namespace pagedcore

@@ -10,7 +10,7 @@
 namespace pagedcore {
 namespace kernels {
 
-// Element type of an activation or cache buffer. The codes are shared with python/pagedcore/kernels.py.
+// Element type of an activation or cache buffer. The codes are shared with python/pagedcore/ops/dtypes.py.
 enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
 inline bool valid_dtype(int32_t code) { return code == 0 || code == 1; }

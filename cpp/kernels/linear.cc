@@ -34,36 +34,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 int64_t elem_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 
-bool has_avx512_bf16() {
-#if defined(__x86_64__) && defined(PAGEDCORE_KERNELS_X86) && !defined(PAGEDCORE_LINEAR_NO_BF16DOT)
-  return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
-const LinearIsaKernels& kernels_for(LinearIsa isa) {
-  switch (isa) {
-    case LinearIsa::kGeneric16: return linear_generic16::linear_kernels();
-    case LinearIsa::kGeneric16Bf16Dot: return linear_generic16_bf16dot::linear_kernels();
-    case LinearIsa::kAvx2: return linear_avx2::linear_kernels();
-    case LinearIsa::kAvx512: return linear_avx512::linear_kernels();
-    case LinearIsa::kAvx512Bf16Dot: return linear_avx512_bf16dot::linear_kernels();
-    case LinearIsa::kGeneric8:
-    default: return linear_generic8::linear_kernels();
-  }
-}
-
-LinearIsa resolve(LinearIsa isa) {
-  if (isa != LinearIsa::kAuto) return isa;
-  switch (active_isa()) {
-    case Isa::kAvx512: return has_avx512_bf16() ? LinearIsa::kAvx512Bf16Dot : LinearIsa::kAvx512;
-    case Isa::kAvx2: return LinearIsa::kAvx2;
-    case Isa::kGeneric16: return LinearIsa::kGeneric16;
-    case Isa::kGeneric:
-    default: return LinearIsa::kGeneric8;
-  }
-}
+bool dense(WeightFormat f) { return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16; }
+// Bytes of one weight row of K elements in a dense format.
+int64_t weight_row_bytes(WeightFormat f, int64_t K) { return K * (f == WeightFormat::kDenseF32 ? 4 : 2); }
 
 // [begin, end) byte ranges of two strided row sets overlap.
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -74,8 +47,11 @@ bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
 
 Status check(const LinearParams& p, int64_t out_cols) {
   if (p.M < 0 || p.N < 0 || p.K < 0) return Status::invalid("linear: negative size");
-  if (!valid(p.x_dtype) || !valid(p.w_dtype) || !valid(p.out_dtype) || !valid(p.bias_dtype))
+  if (!valid(p.x_dtype) || !valid(p.out_dtype) || !valid(p.bias_dtype))
     return Status::invalid("linear: unknown dtype");
+  if (!dense(p.weight_format))
+    return Status::invalid(std::string("linear: weight format ") + weight_format_name(p.weight_format) +
+                           " has no kernel yet; use dense fp32 or bf16 weights");
   if (p.epilogue != LinearEpilogue::kNone && p.epilogue != LinearEpilogue::kSiluMul)
     return Status::invalid("linear: unknown epilogue");
   if (p.epilogue == LinearEpilogue::kSiluMul && p.N % 2 != 0)
@@ -91,7 +67,7 @@ Status check(const LinearParams& p, int64_t out_cols) {
                            " output columns; rows of out overlap");
   const int64_t out_bytes = ((p.M - 1) * p.out_stride + out_cols) * elem_size(p.out_dtype);
   const int64_t x_bytes = p.K > 0 ? ((p.M - 1) * p.x_stride + p.K) * elem_size(p.x_dtype) : 0;
-  const int64_t w_bytes = p.N * p.K * elem_size(p.w_dtype);
+  const int64_t w_bytes = p.N * weight_row_bytes(p.weight_format, p.K);
   const int64_t b_bytes = p.bias ? p.N * elem_size(p.bias_dtype) : 0;
   if (overlaps(p.out, out_bytes, p.x, x_bytes) || overlaps(p.out, out_bytes, p.weight, w_bytes) ||
       overlaps(p.out, out_bytes, p.bias, b_bytes))
@@ -182,51 +158,62 @@ void run_task(const LinearParams& p, const Plan& plan, int64_t task, int thread)
 
 }  // namespace
 
-const char* linear_isa_name(LinearIsa isa) {
-  switch (isa) {
-    case LinearIsa::kAuto: return "auto";
-    case LinearIsa::kGeneric8: return "generic";
-    case LinearIsa::kGeneric16: return "generic16";
-    case LinearIsa::kGeneric16Bf16Dot: return "generic16_bf16dot";
-    case LinearIsa::kAvx2: return "avx2";
-    case LinearIsa::kAvx512: return "avx512";
-    case LinearIsa::kAvx512Bf16Dot: return "avx512_bf16dot";
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kDenseF32: return "dense_f32";
+    case WeightFormat::kDenseBf16: return "dense_bf16";
+    case WeightFormat::kInt8PerChannel: return "int8_per_channel";
+    case WeightFormat::kQ4_0: return "q4_0";
+    case WeightFormat::kQ4_1: return "q4_1";
+    case WeightFormat::kQ8_0: return "q8_0";
   }
   return "unknown";
 }
 
-bool linear_isa_supported(LinearIsa isa) {
-  switch (isa) {
-    case LinearIsa::kAuto:
-    case LinearIsa::kGeneric8:
-    case LinearIsa::kGeneric16:
-    case LinearIsa::kGeneric16Bf16Dot: return true;
-    case LinearIsa::kAvx2: return isa_supported(Isa::kAvx2);
-    case LinearIsa::kAvx512: return isa_supported(Isa::kAvx512);
-    case LinearIsa::kAvx512Bf16Dot: return has_avx512_bf16();
-  }
-  return false;
+WeightFormat dense_weight_format(DType dtype) {
+  return dtype == DType::kBFloat16 ? WeightFormat::kDenseBf16 : WeightFormat::kDenseF32;
 }
 
-LinearIsa linear_auto_isa() { return resolve(LinearIsa::kAuto); }
+const LinearIsaKernels& linear_isa_kernels(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric16: return linear_generic16::linear_kernels();
+    case Isa::kGeneric16Bf16: return linear_generic16_bf16dot::linear_kernels();
+    case Isa::kAvx2: return linear_avx2::linear_kernels();
+    case Isa::kAvx512: return linear_avx512::linear_kernels();
+    case Isa::kAvx512Bf16: return linear_avx512_bf16dot::linear_kernels();
+    case Isa::kGeneric:
+    default: return linear_generic8::linear_kernels();  // (unsupported ones never get here)
+  }
+}
 
-const LinearIsaKernels& linear_isa_kernels(LinearIsa isa) { return kernels_for(resolve(isa)); }
 
 void set_linear_tuning(const LinearTuning& tuning) {
   g_n_chunk.store(tuning.n_chunk > 0 ? tuning.n_chunk : 0);
   g_m_chunk.store(tuning.m_chunk > 0 ? tuning.m_chunk : 0);
 }
 
-Status linear(const LinearParams& p, LinearIsa isa) {
+Status linear(const LinearParams& p) { return linear(p, active_isa()); }
+
+Status LinearLayer::run(void* out, const void* x, int64_t M, int64_t x_stride, int64_t out_stride) const {
+  LinearParams p = params;
+  p.out = out;
+  p.x = x;
+  p.M = M;
+  p.x_stride = x_stride;
+  p.out_stride = out_stride;
+  return linear(p, isa ? *isa : active_isa());
+}
+
+Status linear(const LinearParams& p, Isa isa) {
   const bool silu = p.epilogue == LinearEpilogue::kSiluMul;
   const int64_t out_cols = silu ? p.N / 2 : p.N;
   Status status = check(p, out_cols);
   if (!status.is_ok() || p.M == 0 || out_cols == 0) return status;
-  if (!linear_isa_supported(isa))
-    return Status::invalid(std::string("linear: this CPU (or build) cannot run the ") + linear_isa_name(isa) +
+  if (!isa_supported(isa))
+    return Status::invalid(std::string("linear: this CPU (or build) cannot run the ") + isa_name(isa) +
                            " kernel");
   Plan plan;
-  plan.kern = &kernels_for(resolve(isa));
+  plan.kern = &linear_isa_kernels(isa);
   plan.out_cols = out_cols;
   plan.args.w = p.weight;
   plan.args.K = p.K;
@@ -234,16 +221,18 @@ Status linear(const LinearParams& p, LinearIsa isa) {
   // x as the inner loop reads it: in place when it already is in that layout.
   Workspace& ws = workspace();
   int64_t chunk = -1;  // -1: x used in place; 0: natural fp32 copy; 2W: pair-order copy
-  if (p.w_dtype == DType::kFloat32) {
-    plan.block = plan.kern->block_f32;
-    chunk = p.x_dtype == DType::kFloat32 ? -1 : 0;
-  } else if (plan.kern->block_bf16_dot && p.x_dtype == DType::kBFloat16) {
-    plan.block = plan.kern->block_bf16_dot;
+  const LinearFormatKernels& row = plan.kern->formats[static_cast<int>(p.weight_format)];
+  if (!row.block)
+    return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
+                           weight_format_name(p.weight_format) + " weight kernel");
+  if (row.block_bf16_x && p.x_dtype == DType::kBFloat16) {
+    plan.block = row.block_bf16_x;
     plan.args.x16 = static_cast<const uint16_t*>(p.x);
     plan.args.x_stride = p.x_stride;
   } else {
-    plan.block = plan.kern->block_bf16;
-    chunk = 2 * plan.kern->lanes;
+    plan.block = row.block;
+    if (row.x_layout == LinearXLayout::kF32PairOrder) chunk = 2 * plan.kern->lanes;
+    else chunk = p.x_dtype == DType::kFloat32 ? -1 : 0;
   }
   if (chunk == -1) {
     plan.args.x32 = static_cast<const float*>(p.x);
@@ -267,7 +256,7 @@ Status linear(const LinearParams& p, LinearIsa isa) {
 
   // Tasks: m_chunk rows of x x n_chunk output columns.
   const int threads = std::max(1, max_threads());
-  const int64_t row_bytes = std::max<int64_t>(1, p.K * elem_size(p.w_dtype) * (silu ? 2 : 1));
+  const int64_t row_bytes = std::max<int64_t>(1, weight_row_bytes(p.weight_format, p.K) * (silu ? 2 : 1));
   const bool stream = p.M <= kStreamRows;
   plan.args.n_outer = stream;
   int64_t n_chunk = g_n_chunk.load();
@@ -304,9 +293,13 @@ Status linear(const LinearParams& p, LinearIsa isa) {
   return Status::ok();
 }
 
-float read_probe(const void* data, int64_t bytes, int threads, LinearIsa isa) {
-  if (!data || bytes <= 0 || !linear_isa_supported(isa)) return 0.f;
-  const LinearIsaKernels& kern = kernels_for(resolve(isa));
+float read_probe(const void* data, int64_t bytes, int threads) {
+  return read_probe(data, bytes, threads, active_isa());
+}
+
+float read_probe(const void* data, int64_t bytes, int threads, Isa isa) {
+  if (!data || bytes <= 0 || !isa_supported(isa)) return 0.f;
+  const LinearIsaKernels& kern = linear_isa_kernels(isa);
   const int max = std::max(1, max_threads());
   const int n = threads <= 0 || threads > max ? max : threads;
   const int64_t per = (bytes / n) / 64 * 64;

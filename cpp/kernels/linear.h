@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/kernel_types.h"
@@ -22,10 +23,29 @@ namespace kernels {
 //             bf16 out rounds as torch does op by op: g, u to bf16, silu(g) to bf16, then the product.
 enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 
+// How the weight matrix W [N, K] is stored: one row of each ISA's kernel table (linear_kernel.h).
+//   kDenseF32, kDenseBf16: N contiguous rows of K elements, the checkpoint layout (no packing).
+// Named room for a later issue, not implemented yet (linear() rejects them):
+//   kInt8PerChannel: int8 rows and one fp32 scale per output row.
+//   kQ4_0, kQ4_1, kQ8_0: GGUF blocks of 32 weights along K (4-bit with a scale, 4-bit with scale and
+//                        minimum, 8-bit with a scale).
+enum class WeightFormat : int32_t {
+  kDenseF32 = 0,
+  kDenseBf16 = 1,
+  kInt8PerChannel = 2,
+  kQ4_0 = 3,
+  kQ4_1 = 4,
+  kQ8_0 = 5,
+};
+constexpr int kNumWeightFormats = 6;
+const char* weight_format_name(WeightFormat format);
+// The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
+WeightFormat dense_weight_format(DType dtype);
+
 struct LinearParams {
   void* out = nullptr;           // [M, N] (kSiluMul: [M, N / 2]), row stride out_stride, out_dtype
   const void* x = nullptr;       // [M, K], row stride x_stride, x_dtype
-  const void* weight = nullptr;  // [N, K], contiguous rows (row stride K), w_dtype
+  const void* weight = nullptr;  // [N, K] as weight_format stores it (dense: contiguous rows of K)
   const void* bias = nullptr;    // [N] or nullptr, bias_dtype
   int64_t M = 0;                 // rows of x (tokens)
   int64_t N = 0;                 // rows of weight (output features; kSiluMul: 2 x outputs)
@@ -33,28 +53,28 @@ struct LinearParams {
   int64_t x_stride = 0;          // elements between x[m] and x[m + 1], >= K (any when M == 1)
   int64_t out_stride = 0;        // elements between out[m] and out[m + 1], >= the out row length
   DType x_dtype = DType::kFloat32;
-  DType w_dtype = DType::kFloat32;
+  WeightFormat weight_format = WeightFormat::kDenseF32;
   DType bias_dtype = DType::kFloat32;
   DType out_dtype = DType::kFloat32;
   LinearEpilogue epilogue = LinearEpilogue::kNone;
 };
 
-// Which inner loop runs; chosen from active_isa() unless a test asks for one.
-//   kAuto:       the best this CPU runs (AVX512-BF16 dot products for bf16 x and W when present)
-//   kGeneric8, kGeneric16:      portable code with the 8- and 16-lane tiling of AVX2 / AVX-512
-//   kGeneric16Bf16Dot:          portable emulation of the AVX512-BF16 path (vdpbf16ps pairs)
-//   kAvx2, kAvx512, kAvx512Bf16Dot: the intrinsics versions
-enum class LinearIsa : int32_t {
-  kAuto = -1, kGeneric8 = 0, kGeneric16 = 1, kAvx2 = 2, kAvx512 = 3, kGeneric16Bf16Dot = 4, kAvx512Bf16Dot = 5
-};
-const char* linear_isa_name(LinearIsa isa);
-bool linear_isa_supported(LinearIsa isa);
-// The variant kAuto resolves to for bf16 x and weights (the fp32 path of that CPU otherwise).
-LinearIsa linear_auto_isa();
+// Checks sizes, strides, dtypes and pointers, then computes out with the kernels of `isa` (the
+// first form: active_isa()); with kAvx512Bf16 (or its emulation kGeneric16Bf16), bf16 x against
+// bf16 weights runs on pairwise bf16 dot products. On error nothing is written. Output rows may not
+// overlap x (out is written while x is still being read by other threads).
+Status linear(const LinearParams& p);
+Status linear(const LinearParams& p, Isa isa);
 
-// Checks sizes, strides, dtypes and pointers, then computes out. On error nothing is written.
-// Output rows may not overlap x (out is written while x is still being read by other threads).
-Status linear(const LinearParams& p, LinearIsa isa = LinearIsa::kAuto);
+// A layer's weight-side arguments, bound once at load (pagedcore.ops.linear builds one per layer);
+// run() adds one call's activations, so a decode call passes five numbers. isa unset: active_isa()
+// at each call, so set_active_isa() applies to layers built before it.
+struct LinearLayer {
+  LinearParams params;  // weight, bias, N, K, dtypes, weight format, epilogue (out, x, M, strides unused)
+  std::optional<Isa> isa;
+
+  Status run(void* out, const void* x, int64_t M, int64_t x_stride, int64_t out_stride) const;
+};
 
 // Work planning knobs (tests, benchmarks; 0 = default): rows of W per task and rows of x per task.
 struct LinearTuning {
@@ -66,7 +86,8 @@ void set_linear_tuning(const LinearTuning& tuning);
 // Reads `bytes` bytes from `data` on up to `threads` threads (0 = max_threads()) with the widest
 // loads of `isa`, returning a checksum so the reads cannot be elided: the bandwidth probe of
 // bench/bench_decode.py (what the GEMV can stream at best).
-float read_probe(const void* data, int64_t bytes, int threads, LinearIsa isa = LinearIsa::kAuto);
+float read_probe(const void* data, int64_t bytes, int threads);
+float read_probe(const void* data, int64_t bytes, int threads, Isa isa);
 
 }  // namespace kernels
 }  // namespace pagedcore

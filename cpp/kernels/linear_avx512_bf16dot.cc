@@ -1,24 +1,7 @@
-// The linear kernel for AVX-512 F/BW/VL/DQ + AVX512-BF16 (vdpbf16ps for bf16 x and weights): 16 fp32 lanes,
-// 32 registers. Compiled with its own flags (CMakeLists.txt); the trait is included into this
-// file's ISA namespace, so nothing compiled with these flags is shared with other units.
-#include <immintrin.h>
-
-#include <cstdint>
-
-namespace pagedcore {
-namespace kernels {
-namespace linear_avx512_bf16dot {
-#ifdef PAGEDCORE_LINEAR_NO_BF16DOT
-#define PC_LINEAR_AVX512_DOT 0
-#else
-#define PC_LINEAR_AVX512_DOT 1
-#endif
-#include "kernels/linear_vec_avx512.inc"
-#undef PC_LINEAR_AVX512_DOT
-}  // namespace linear_avx512_bf16dot
-}  // namespace kernels
-}  // namespace pagedcore
-
-#define PC_LINEAR_NAMESPACE linear_avx512_bf16dot
-#define PC_LINEAR_VEC ::pagedcore::kernels::linear_avx512_bf16dot::Vec
+// The linear kernel for AVX-512 + AVX512-BF16 (Isa::kAvx512Bf16): vdpbf16ps for bf16 x and weights.
+// Compiled with -mavx512bf16 when the compiler has it (CMakeLists.txt); without it the trait's
+// kHasDotBf16 is false, this unit builds the plain AVX-512 kernel and isa_supported() says false.
+#define PC_ISA_NAMESPACE linear_avx512_bf16dot
+#define PC_VEC VecAvx512
+#include "kernels/vec_avx512.h"
 #include "kernels/linear_impl.h"

@@ -1,6 +1,6 @@
 // The linear-layer kernel, written once against a vector trait V and compiled once per instruction
-// set: linear_<isa>.cc defines PC_LINEAR_NAMESPACE and PC_LINEAR_VEC (a trait defined inside that
-// namespace or a portable one), then includes this file. Everything here lives in the per-ISA
+// set: linear_<isa>.cc defines PC_ISA_NAMESPACE and PC_VEC and includes one trait header
+// (vec_*.h, which defines the trait inside that namespace), then this file. Everything here lives in the per-ISA
 // namespace and calls no shared inline function (see attention_kernel.h for why).
 //
 // Dot-product form over the checkpoint layout W [N, K] (no packing): a register tile of MR rows of
@@ -10,13 +10,13 @@
 //            k ->  chunk (W lanes; 2 W for bf16 weights)
 //   x rows  m   [=====|=====|=====| ... |tail]      MR rows, from L1 (fp32 scratch or x itself)
 //   W rows  n   [=====|=====|=====| ... |tail]      NR rows, streamed from memory once
-//   acc[i][j] += x[m+i, chunk] * W[n+j, chunk]       dst[i][j] = hsum(acc[i][j]) + tail
+//   acc[i][j] += x[m+i, chunk] * W[n+j, chunk]       dst[i][j] = reduce_add(acc[i][j]) + tail
 //
 // bf16 weights: a chunk of 2 W bf16 is one W x 32-bit load; its even elements are the load << 16
 // and its odd ones the load & 0xffff0000 (bf16 is the top half of an fp32), matched by x stored in
 // pair order (linear_kernel.h). With AVX512-BF16 and bf16 x, vdpbf16ps does pairs directly.
-#ifndef PC_LINEAR_NAMESPACE
-#error "define PC_LINEAR_NAMESPACE and PC_LINEAR_VEC before including linear_impl.h"
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE and PC_VEC before including linear_impl.h"
 #endif
 
 #include <cstdint>
@@ -30,9 +30,9 @@
 
 namespace pagedcore {
 namespace kernels {
-namespace PC_LINEAR_NAMESPACE {
+namespace PC_ISA_NAMESPACE {
 
-using V = PC_LINEAR_VEC;
+using V = PC_VEC;
 using R = V::R;
 constexpr int W = V::W;
 
@@ -168,9 +168,9 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
   float sums[kAcc + 3];
   int q = 0;
 #pragma GCC unroll 8
-  for (; q + 4 <= kAcc; q += 4) V::hsum4(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], sums + q);
+  for (; q + 4 <= kAcc; q += 4) V::reduce_add4(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], sums + q);
 #pragma GCC unroll 4
-  for (; q < kAcc; ++q) sums[q] = V::hsum(acc[q]);
+  for (; q < kAcc; ++q) sums[q] = V::reduce_add(acc[q]);
   if (ks.last && k_vec < K) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
@@ -368,12 +368,12 @@ float read(const void* data, int64_t bytes) {
     a2 = V::add(a2, V::load(p + i + 2 * W));
     a3 = V::add(a3, V::load(p + i + 3 * W));
   }
-  float s = V::hsum(V::add(V::add(a0, a1), V::add(a2, a3)));
+  float s = V::reduce_add(V::add(V::add(a0, a1), V::add(a2, a3)));
   for (; i < n; ++i) s += p[i];
   return s;
 }
 
-}  // namespace PC_LINEAR_NAMESPACE
+}  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore
 
@@ -381,19 +381,22 @@ float read(const void* data, int64_t bytes) {
 
 namespace pagedcore {
 namespace kernels {
-namespace PC_LINEAR_NAMESPACE {
+namespace PC_ISA_NAMESPACE {
 
-const LinearIsaKernels kKernels = {W,
-                                   &block_f32,
-                                   &block_bf16,
-                                   V::kHasDotBf16 ? &block_bf16_dot : nullptr,
-                                   &epilogue,
-                                   &read,
-                                   &rms_norm_rows,
-                                   &rotary_rows};
+// Rows in WeightFormat order; the formats not listed (int8, GGUF blocks) have no kernel yet.
+const LinearIsaKernels kKernels = {
+    W,
+    {
+        /* kDenseF32 */ {&block_f32, LinearXLayout::kF32Natural, nullptr},
+        /* kDenseBf16 */ {&block_bf16, LinearXLayout::kF32PairOrder, V::kHasDotBf16 ? &block_bf16_dot : nullptr},
+    },
+    &epilogue,
+    &read,
+    &rms_norm_rows,
+    &rotary_rows};
 
 const LinearIsaKernels& linear_kernels() { return kKernels; }
 
-}  // namespace PC_LINEAR_NAMESPACE
+}  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore

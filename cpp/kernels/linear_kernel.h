@@ -11,10 +11,10 @@
 namespace pagedcore {
 namespace kernels {
 
-// Activations as a block function reads them.
+// Activations as a block function reads them (LinearXLayout).
 //
-//   fp32 weights (block_f32):   x32 [M, x_stride] fp32, natural order.
-//   bf16 weights (block_bf16):  x32 [M, x_stride] fp32 in "pair order": the vector part of each row
+//   fp32 weights (kF32Natural):    x32 [M, x_stride] fp32, natural order.
+//   bf16 weights (kF32PairOrder):  x32 [M, x_stride] fp32 in "pair order": the vector part of each row
 //     (the first K - K % (2 W) elements) in chunks of 2 W, each chunk stored as its W even-indexed
 //     elements followed by its W odd-indexed ones, the tail in natural order:
 //
@@ -23,13 +23,15 @@ namespace kernels {
 //
 //     because a 2W-element bf16 weight load splits into even and odd lanes with one shift and one
 //     and (bf16 is the high half of an fp32), no shuffle.
-//   bf16 x and weights on AVX512-BF16 (block_bf16_dot): x16 [M, x_stride] bf16, natural order;
-//     vdpbf16ps multiplies adjacent pairs.
+//   bf16 x and weights on AVX512-BF16 (block_bf16_x): x16 [M, x_stride] bf16, natural order, read
+//     in place; vdpbf16ps multiplies adjacent pairs.
+enum class LinearXLayout : int32_t { kF32Natural = 0, kF32PairOrder = 1 };
+
 struct LinearBlockArgs {
   const float* x32 = nullptr;
   const uint16_t* x16 = nullptr;
   int64_t x_stride = 0;
-  const void* w = nullptr;  // [N, K] contiguous rows, fp32 or bf16 by the block function
+  const void* w = nullptr;  // [N, K] in the weight format of the block function
   int64_t K = 0;
   // Loop order of a block: weight tiles outer, rows of x inner (few rows: the weights stream once
   // from memory in long runs), or rows outer (many rows: the block's weights stay in L2).
@@ -66,19 +68,26 @@ using LinearReadFn = float (*)(const void* data, int64_t bytes);
 using RmsNormRowsFn = void (*)(const RmsNormParams& p, int64_t row_begin, int64_t row_end);
 using RotaryRowsFn = void (*)(const RotaryParams& p, int64_t token_begin, int64_t token_end);
 
+// One row of an ISA's table: the inner loops of one weight format.
+struct LinearFormatKernels {
+  LinearBlockFn block = nullptr;  // reads fp32 x32 in x_layout; nullptr: this ISA lacks the format
+  LinearXLayout x_layout = LinearXLayout::kF32Natural;
+  LinearBlockFn block_bf16_x = nullptr;  // reads bf16 x16 in place (bf16 dot products); nullptr: none
+};
+
+// The kernels of one ISA: a new weight format is a new row of `formats`, in every ISA's table
+// (linear_impl.h), not a new field.
 struct LinearIsaKernels {
-  int lanes;                     // W: the pair-order chunk is 2 W
-  LinearBlockFn block_f32;       // fp32 x32, fp32 W
-  LinearBlockFn block_bf16;      // fp32 x32 in pair order, bf16 W
-  LinearBlockFn block_bf16_dot;  // bf16 x16, bf16 W; nullptr unless this ISA has bf16 dot products
+  int lanes;  // W: the pair-order chunk is 2 W
+  LinearFormatKernels formats[kNumWeightFormats];  // indexed by WeightFormat
   LinearEpilogueFn epilogue;
   LinearReadFn read;
   RmsNormRowsFn rms_norm_rows;
   RotaryRowsFn rotary_rows;
 };
 
-// The kernels of `isa` (kAuto: this CPU's best); the caller has checked linear_isa_supported.
-const LinearIsaKernels& linear_isa_kernels(LinearIsa isa);
+// The kernels of `isa`; the caller has checked isa_supported(isa).
+const LinearIsaKernels& linear_isa_kernels(Isa isa);
 
 namespace linear_generic8 { const LinearIsaKernels& linear_kernels(); }
 namespace linear_generic16 { const LinearIsaKernels& linear_kernels(); }

@@ -36,7 +36,9 @@ bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 
 }  // namespace
 
-Status rms_norm(const RmsNormParams& p, LinearIsa isa) {
+Status rms_norm(const RmsNormParams& p) { return rms_norm(p, active_isa()); }
+
+Status rms_norm(const RmsNormParams& p, Isa isa) {
   if (p.rows < 0 || p.n <= 0) return Status::invalid("rms_norm: rows must be >= 0 and n > 0, got rows " +
                                                     str(p.rows) + ", n " + str(p.n));
   if (!valid(p.dtype)) return Status::invalid("rms_norm: unknown dtype");
@@ -47,14 +49,16 @@ Status rms_norm(const RmsNormParams& p, LinearIsa isa) {
     return Status::invalid("rms_norm: negative row stride");
   if (p.rows > 1 && (p.x_stride < p.n || p.out_stride < p.n || (p.residual && p.residual_stride < p.n)))
     return Status::invalid("rms_norm: a row stride is smaller than n = " + str(p.n) + "; rows would overlap");
-  if (!linear_isa_supported(isa))
-    return Status::invalid(std::string("rms_norm: this CPU cannot run the ") + linear_isa_name(isa) + " kernel");
+  if (!isa_supported(isa))
+    return Status::invalid(std::string("rms_norm: this CPU cannot run the ") + isa_name(isa) + " kernel");
   const LinearIsaKernels& k = linear_isa_kernels(isa);
   for_rows(p.rows, p.n, [&](int64_t begin, int64_t end) { k.rms_norm_rows(p, begin, end); });
   return Status::ok();
 }
 
-Status rotary_embedding(const RotaryParams& p, LinearIsa isa) {
+Status rotary_embedding(const RotaryParams& p) { return rotary_embedding(p, active_isa()); }
+
+Status rotary_embedding(const RotaryParams& p, Isa isa) {
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::invalid("rotary_embedding: negative size");
   if (p.head_dim <= 0 || p.head_dim % 2 != 0)
     return Status::invalid("rotary_embedding: head_dim must be positive and even, got " + str(p.head_dim));
@@ -67,9 +71,8 @@ Status rotary_embedding(const RotaryParams& p, LinearIsa isa) {
       (p.num_tokens > 1 && p.x_stride_token < p.x_stride_head * (p.num_heads - 1) + p.head_dim) ||
       (p.num_tokens > 1 && p.cos_sin_stride < p.head_dim))
     return Status::invalid("rotary_embedding: strides make heads or tokens overlap");
-  if (!linear_isa_supported(isa))
-    return Status::invalid(std::string("rotary_embedding: this CPU cannot run the ") + linear_isa_name(isa) +
-                           " kernel");
+  if (!isa_supported(isa))
+    return Status::invalid(std::string("rotary_embedding: this CPU cannot run the ") + isa_name(isa) + " kernel");
   const LinearIsaKernels& k = linear_isa_kernels(isa);
   for_rows(p.num_tokens, p.num_heads * p.head_dim,
            [&](int64_t begin, int64_t end) { k.rotary_rows(p, begin, end); });

@@ -34,7 +34,9 @@ struct RmsNormParams {
   float eps = 1e-6f;
   DType dtype = DType::kFloat32;
 };
-Status rms_norm(const RmsNormParams& p, LinearIsa isa = LinearIsa::kAuto);
+// The first form runs the kernels of active_isa().
+Status rms_norm(const RmsNormParams& p);
+Status rms_norm(const RmsNormParams& p, Isa isa);
 
 // Rotary embedding, rotate-half convention, in place over every head of every token:
 //   x1 = x[..., :half], x2 = x[..., half:], (cos, sin) = cos_sin[t, :half], cos_sin[t, half:]
@@ -52,7 +54,8 @@ struct RotaryParams {
   int64_t cos_sin_stride = 0;
   DType dtype = DType::kFloat32;  // x and cos_sin
 };
-Status rotary_embedding(const RotaryParams& p, LinearIsa isa = LinearIsa::kAuto);
+Status rotary_embedding(const RotaryParams& p);
+Status rotary_embedding(const RotaryParams& p, Isa isa);
 
 }  // namespace kernels
 }  // namespace pagedcore

@@ -6,7 +6,7 @@
 // here too (round_bf16), products are never fused into an FMA where torch rounds them apart (the
 // units build with -ffp-contract=off), so bf16 results match the unfused torch ops bit for bit and
 // fp32 ones up to the order of the sum of squares.
-#ifndef PC_LINEAR_NAMESPACE
+#ifndef PC_ISA_NAMESPACE
 #error "norm_impl.h is included by linear_impl.h"
 #endif
 
@@ -16,7 +16,7 @@
 
 namespace pagedcore {
 namespace kernels {
-namespace PC_LINEAR_NAMESPACE {
+namespace PC_ISA_NAMESPACE {
 
 inline float* f32_at(void* base, int64_t i) { return static_cast<float*>(base) + i; }
 inline uint16_t* bf16_at(void* base, int64_t i) { return static_cast<uint16_t*>(base) + i; }
@@ -79,7 +79,7 @@ void rms_norm_rows(const RmsNormParams& p, int64_t r0, int64_t r1) {
       if ((c / W) & 1) acc1 = V::fmadd(v, v, acc1);
       else acc0 = V::fmadd(v, v, acc0);
     }
-    const float mean = V::hsum(V::add(acc0, acc1)) / static_cast<float>(n);
+    const float mean = V::reduce_add(V::add(acc0, acc1)) / static_cast<float>(n);
     // __builtin_sqrtf, not std::sqrt: an unoptimised build emits std::sqrt(float) as a weak inline
     // symbol compiled with this ISA's flags, and the linker may hand that copy to generic callers.
     const R rinv = V::set1(1.f / __builtin_sqrtf(mean + p.eps));
@@ -123,6 +123,6 @@ void rotary_rows(const RotaryParams& p, int64_t t0, int64_t t1) {
   }
 }
 
-}  // namespace PC_LINEAR_NAMESPACE
+}  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore

@@ -88,16 +88,18 @@ Status check(const PagedAttentionParams& p) {
 AttentionItemFn pick_kernel(Isa isa, int64_t head_size) {
   switch (isa) {
     case Isa::kAvx512:
-      if (AttentionItemFn fn = avx512::attention_item_fn(head_size)) return fn;
-      return avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
+    case Isa::kAvx512Bf16:
+      if (AttentionItemFn fn = attention_avx512::attention_item_fn(head_size)) return fn;
+      return attention_avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
     case Isa::kAvx2:
-      return avx2::attention_item_fn(head_size);
+      return attention_avx2::attention_item_fn(head_size);
     case Isa::kGeneric16:
-      if (AttentionItemFn fn = generic16::attention_item_fn(head_size)) return fn;
-      return generic8::attention_item_fn(head_size);
+    case Isa::kGeneric16Bf16:
+      if (AttentionItemFn fn = attention_generic16::attention_item_fn(head_size)) return fn;
+      return attention_generic8::attention_item_fn(head_size);
     case Isa::kGeneric:
     default:
-      return generic8::attention_item_fn(head_size);
+      return attention_generic8::attention_item_fn(head_size);
   }
 }
 

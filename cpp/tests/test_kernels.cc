@@ -151,7 +151,8 @@ const std::vector<std::pair<int, int>> kMixed = {{37, 1}, {0, 21}, {100, 1}, {5,
 void check_all_isas(const Batch& b) {
   const float scale = 1.f / std::sqrt(static_cast<float>(b.head_size));
   const std::vector<float> want = naive_attention(b, scale);
-  for (Isa isa : {Isa::kGeneric, Isa::kGeneric16, Isa::kAvx2, Isa::kAvx512}) {
+  for (int code = 0; code < kNumIsas; ++code) {
+    const Isa isa = static_cast<Isa>(code);
     if (!isa_supported(isa)) continue;
     for (bool bf16_cache : {false, true}) {
       std::vector<float> out(b.query.size(), std::numeric_limits<float>::quiet_NaN());

@@ -19,8 +19,12 @@ using namespace pagedcore::kernels;
 
 namespace {
 
-const LinearIsa kAllIsas[] = {LinearIsa::kGeneric8, LinearIsa::kGeneric16, LinearIsa::kGeneric16Bf16Dot,
-                              LinearIsa::kAvx2, LinearIsa::kAvx512, LinearIsa::kAvx512Bf16Dot};
+// Every ISA, the named-but-unbuilt ones too (they must be refused).
+std::vector<Isa> all_isas() {
+  std::vector<Isa> isas;
+  for (int code = 0; code < kNumIsas; ++code) isas.push_back(static_cast<Isa>(code));
+  return isas;
+}
 
 // A tensor held as float values that are exactly representable in its dtype, plus its bytes.
 struct Buf {
@@ -65,16 +69,16 @@ struct Case {
   int64_t x_pad, out_pad;  // extra elements per row (strided rows)
 };
 
-std::string describe(const Case& c, LinearIsa isa) {
+std::string describe(const Case& c, Isa isa) {
   auto d = [](DType t) { return t == DType::kFloat32 ? "f32" : "bf16"; };
-  return std::string(linear_isa_name(isa)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+  return std::string(isa_name(isa)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
          " K=" + std::to_string(c.K) + " x=" + d(c.x) + " w=" + d(c.w) + " out=" + d(c.out) +
          (c.has_bias ? std::string(" bias=") + d(c.bias) : "") +
          (c.epilogue == LinearEpilogue::kSiluMul ? " silu_mul" : "") + " x_pad=" + std::to_string(c.x_pad) +
          " out_pad=" + std::to_string(c.out_pad);
 }
 
-void run_case(const Case& c, LinearIsa isa, uint32_t seed) {
+void run_case(const Case& c, Isa isa, uint32_t seed) {
   std::mt19937 rng(seed);
   const bool silu_mul = c.epilogue == LinearEpilogue::kSiluMul;
   const int64_t cols = silu_mul ? c.N / 2 : c.N;
@@ -94,7 +98,7 @@ void run_case(const Case& c, LinearIsa isa, uint32_t seed) {
   p.x_stride = xs;
   p.out_stride = os;
   p.x_dtype = c.x;
-  p.w_dtype = c.w;
+  p.weight_format = dense_weight_format(c.w);
   p.bias_dtype = c.bias;
   p.out_dtype = c.out;
   p.epilogue = c.epilogue;
@@ -138,10 +142,10 @@ void run_case(const Case& c, LinearIsa isa, uint32_t seed) {
   }
 }
 
-std::vector<LinearIsa> supported_isas() {
-  std::vector<LinearIsa> isas;
-  for (LinearIsa isa : kAllIsas)
-    if (linear_isa_supported(isa)) isas.push_back(isa);
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> isas;
+  for (Isa isa : all_isas())
+    if (isa_supported(isa)) isas.push_back(isa);
   return isas;
 }
 
@@ -152,7 +156,7 @@ TEST(linear_matches_naive_loop_for_every_isa_and_dtype) {
   const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 13}, {1, 64, 576}, {2, 33, 40}, {3, 17, 33},
                                {4, 24, 64}, {5, 40, 100}, {7, 9, 31}, {16, 96, 70}, {1, 130, 48}};
   uint32_t seed = 1;
-  for (LinearIsa isa : supported_isas())
+  for (Isa isa : supported_isas())
     for (auto& s : shapes)
       for (DType xd : {f, b})
         for (DType wd : {f, b})
@@ -168,7 +172,7 @@ TEST(linear_matches_naive_loop_for_every_isa_and_dtype) {
 TEST(linear_silu_mul_epilogue) {
   const DType f = DType::kFloat32, b = DType::kBFloat16;
   uint32_t seed = 100;
-  for (LinearIsa isa : supported_isas())
+  for (Isa isa : supported_isas())
     for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 2, 8}, {1, 96, 64}, {3, 50, 37}, {6, 34, 96}})
       for (DType d : {f, b})
         for (bool bias : {false, true}) {
@@ -179,7 +183,7 @@ TEST(linear_silu_mul_epilogue) {
 
 TEST(linear_many_tasks_and_row_blocks) {
   const DType f = DType::kFloat32, b = DType::kBFloat16;
-  for (LinearIsa isa : supported_isas()) {
+  for (Isa isa : supported_isas()) {
     set_linear_tuning({8, 12});  // 8 output columns x 12 rows per task: many tasks, ragged edges
     run_case({37, 61, 45, f, f, f, f, true, LinearEpilogue::kNone, 3, 1}, isa, 7);
     run_case({37, 61, 45, b, b, b, b, false, LinearEpilogue::kNone, 0, 0}, isa, 8);
@@ -246,8 +250,13 @@ TEST(linear_errors_write_nothing) {
   p = base();
   p.x_dtype = static_cast<DType>(7);
   expect_invalid(p, "unknown dtype");
-  for (LinearIsa isa : kAllIsas)
-    if (!linear_isa_supported(isa)) {
+  for (WeightFormat f : {WeightFormat::kInt8PerChannel, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ8_0}) {
+    p = base();
+    p.weight_format = f;
+    expect_invalid(p, weight_format_name(f));  // named room: no kernel yet
+  }
+  for (Isa isa : all_isas())
+    if (!isa_supported(isa)) {
       Status st = linear(base(), isa);
       CHECK(!st.is_ok());
     }
@@ -257,7 +266,7 @@ TEST(linear_errors_write_nothing) {
 
 TEST(read_probe_sums_the_buffer) {
   std::vector<float> data(1000 * 16 + 5, 0.5f);
-  for (LinearIsa isa : supported_isas())
+  for (Isa isa : supported_isas())
     for (int threads : {1, 2}) {
       const float s = read_probe(data.data(), static_cast<int64_t>(data.size() * 4), threads, isa);
       CHECK(std::fabs(s - 0.5f * data.size()) < 1e-2f);
@@ -267,7 +276,7 @@ TEST(read_probe_sums_the_buffer) {
 // -- norm.h ---------------------------------------------------------------------------------------
 
 TEST(rms_norm_matches_scalar_loop) {
-  for (LinearIsa isa : supported_isas())
+  for (Isa isa : supported_isas())
     for (DType t : {DType::kFloat32, DType::kBFloat16})
       for (int64_t n : {1, 7, 64, 100, 576})
         for (bool with_residual : {false, true}) {
@@ -311,7 +320,7 @@ TEST(rms_norm_matches_scalar_loop) {
               const float got = out.at(r * os + c);
               const float tol = bf ? std::ldexp(std::fabs(want), -7) + 1e-30f : 4e-6f * std::fabs(want) + 1e-30f;
               if (!(std::fabs(got - want) <= tol))
-                throw pagedcore_test::Failure(std::string("rms_norm ") + linear_isa_name(isa) + " n=" +
+                throw pagedcore_test::Failure(std::string("rms_norm ") + isa_name(isa) + " n=" +
                                               std::to_string(n) + ": got " + std::to_string(got) + " want " +
                                               std::to_string(want));
             }
@@ -321,7 +330,7 @@ TEST(rms_norm_matches_scalar_loop) {
 }
 
 TEST(rms_norm_in_place_and_many_rows) {
-  for (LinearIsa isa : supported_isas()) {
+  for (Isa isa : supported_isas()) {
     std::mt19937 rng(3);
     const int64_t rows = 300, n = 96;  // several tasks
     Buf x = make(DType::kFloat32, rows * n, rng), w = make(DType::kFloat32, n, rng);
@@ -347,7 +356,7 @@ TEST(rms_norm_in_place_and_many_rows) {
 }
 
 TEST(rotary_embedding_matches_scalar_loop) {
-  for (LinearIsa isa : supported_isas())
+  for (Isa isa : supported_isas())
     for (DType t : {DType::kFloat32, DType::kBFloat16})
       for (int64_t head_dim : {2, 10, 32, 64, 128}) {
         std::mt19937 rng(static_cast<uint32_t>(head_dim));

@@ -4,43 +4,10 @@
 
 #include "check.h"
 #include "core/scheduler.h"
+#include "scheduler_fixtures.h"
 
 using namespace pagedcore;
-
-namespace {
-
-SchedulerConfig small_config(int num_blocks, int budget = 64, int block_size = 4) {
-  SchedulerConfig c;
-  c.num_gpu_blocks = num_blocks;
-  c.block_size = block_size;
-  c.max_num_batched_tokens = budget;
-  c.max_num_seqs = 8;
-  c.max_model_len = 256;
-  c.enable_prefix_caching = true;
-  return c;
-}
-
-std::vector<TokenId> range_tokens(int n, int start = 100) {
-  std::vector<TokenId> t(n);
-  std::iota(t.begin(), t.end(), start);
-  return t;
-}
-
-StoppingParams max_tokens(int n) {
-  StoppingParams p;
-  p.max_tokens = n;
-  return p;
-}
-
-// One step with every sampled row answered by `token`.
-SchedulerOutput step(Scheduler& s, TokenId token = 7, UpdateResult* result = nullptr) {
-  SchedulerOutput out = s.schedule();
-  UpdateResult r = s.update(std::vector<TokenId>(out.sample_seq_ids.size(), token));
-  if (result) *result = r;
-  return out;
-}
-
-}  // namespace
+using namespace pagedcore_test;
 
 TEST(prefill_then_decode_arrays) {
   Scheduler s(small_config(16));
@@ -115,11 +82,11 @@ TEST(fully_cached_block_aligned_prompt_recomputes_last_block) {
   s.update({1});
 }
 
-TEST(different_extra_key_never_hits) {
+TEST(different_cache_salt_never_hits) {
   Scheduler s(small_config(16));
   std::vector<TokenId> prompt = range_tokens(10);
   StoppingParams a = max_tokens(1), b = max_tokens(1);
-  b.extra_key = 99;
+  b.cache_key.cache_salt = 99;
   s.add_sequence(1, prompt, a);
   step(s);
   s.add_sequence(2, prompt, b);
@@ -292,5 +259,6 @@ TEST(tail_blocks_are_evicted_first) {
   std::vector<BlockId> free_ids = s.kv_cache().gpu_pool().free_block_ids();
   CHECK_EQ(free_ids, (std::vector<BlockId>{3, 2, 1, 0}));
 }
+
 
 int main() { return pagedcore_test::run_all(); }

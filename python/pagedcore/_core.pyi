@@ -1,4 +1,4 @@
-"""Typed stub of the C++ extension pagedcore._core (block pool, scheduler, CPU kernels)."""
+"""Typed stub of the C++ extension pagedcore._core (block pool, scheduler, CPU kernels, CUDA kernels when built)."""
 
 import enum
 from typing import Optional, Sequence
@@ -92,6 +92,9 @@ class SchedulerOutput:
     max_seq_len: int
     num_prefill_tokens: int
     num_decode_tokens: int
+    num_draft_tokens: int                        # drafts verified this step (counted in num_prefill_tokens)
+    num_samples: int
+    num_logits: int
     seq_ids: npt.NDArray[np.int64]               # [num_seqs] batch order
     num_scheduled_tokens: npt.NDArray[np.int32]  # [num_seqs]
     num_computed_tokens: npt.NDArray[np.int32]   # [num_seqs] before this step
@@ -101,8 +104,13 @@ class SchedulerOutput:
     input_ids: npt.NDArray[np.int64]             # [num_tokens]
     positions: npt.NDArray[np.int64]             # [num_tokens]
     slot_mapping: npt.NDArray[np.int64]          # [num_tokens], -1 = padding
-    logits_indices: npt.NDArray[np.int64]        # [num_samples]
+    # Logits rows (cpp/core/scheduler_output.h draws the layout): a sampled sequence with k drafts has
+    # k + 1 rows, the last k + 1 rows of its query; rows of sample i are
+    # logits_indices[logits_start_loc[i]:logits_start_loc[i + 1]]. Without drafts: one row each.
+    num_logits_rows: npt.NDArray[np.int32]       # [num_seqs] k + 1 when sampled, else 0
     sample_seq_ids: npt.NDArray[np.int64]        # [num_samples]
+    logits_start_loc: npt.NDArray[np.int32]      # [num_samples + 1]
+    logits_indices: npt.NDArray[np.int64]        # [num_logits]
     blocks_to_copy: npt.NDArray[np.int32]        # [n, 2] (src, dst)
     blocks_to_swap_out: npt.NDArray[np.int32]    # [n, 2] (device, cpu)
     blocks_to_swap_in: npt.NDArray[np.int32]     # [n, 2] (cpu, device)
@@ -137,6 +145,7 @@ class SequenceInfo:
     num_prompt_tokens: int
     num_computed_tokens: int
     num_cached_tokens: int
+    num_draft_tokens: int                        # trailing tokens that are drafts awaiting verification
     num_preemptions: int
     block_table: list[int]
     num_tokens: int
@@ -149,14 +158,21 @@ class Scheduler:
     cpu_pool: BlockPool
     def add_sequence(self, seq_id: int, prompt_token_ids: Sequence[int] | npt.ArrayLike, *, max_tokens: int = 16,
                      min_tokens: int = 0, ignore_eos: bool = False, eos_token_ids: Sequence[int] = (),
-                     stop_token_ids: Sequence[int] = (), priority: int = 0, extra_key: int = 0) -> None: ...
+                     stop_token_ids: Sequence[int] = (), priority: int = 0, adapter_id: int = 0,
+                     cache_salt: int = 0) -> None:
+        """adapter_id (LoRA) and cache_salt are both part of every block hash: a prefix-cache hit needs both equal."""
     def fork_sequence(self, parent_id: int, child_id: int, last_token_id: int = -1) -> None: ...
-    def append_tokens(self, seq_id: int, token_ids: Sequence[int] | npt.ArrayLike) -> None: ...
+    def append_tokens(self, seq_id: int, token_ids: Sequence[int] | npt.ArrayLike, *, draft: bool = False) -> None:
+        """draft=True: proposals to verify; the step computing them yields num_draft_tokens + 1 logits rows."""
+    def remove_tail_tokens(self, seq_id: int, num_tokens: int) -> None:
+        """Inverse of append_tokens: drops appended tokens without KV (never the prompt, never the next to compute)."""
     def abort_sequence(self, seq_id: int) -> bool: ...
     def schedule(self) -> SchedulerOutput: ...
-    def update(self, sampled_token_ids: Sequence[int] | npt.ArrayLike,
-               forks: Optional[npt.ArrayLike] = None) -> UpdateResult:
-        """forks: int [n, 3] rows (parent_id, child_id, token_id) for n > 1 sampling."""
+    def update(self, sampled_token_ids: Sequence[int] | npt.ArrayLike, forks: Optional[npt.ArrayLike] = None, *,
+               num_accepted_tokens: Optional[Sequence[int] | npt.ArrayLike] = None) -> UpdateResult:
+        """One token per sample row, or with num_accepted_tokens ([num_samples], each 0..num_logits_rows) the
+        accepted tokens of every sample row concatenated; unconfirmed drafts are rolled back and stops are
+        checked at every accepted token. forks: int [n, 3] rows (parent_id, child_id, token_id) for n > 1."""
     def cancel_step(self) -> None: ...
     step_in_flight: bool
     def has_unfinished(self) -> bool: ...
@@ -166,7 +182,21 @@ class Scheduler:
     def running_ids(self) -> list[int]: ...
     def swapped_ids(self) -> list[int]: ...
 
-# ---- CPU kernels (raw-pointer entries: call pagedcore.kernels instead, which checks the tensors) ----
+# ---- CPU kernel settings (cpp/kernels/cpu_isa.h, parallel.h): one ISA for every CPU kernel ----
+def kernel_isa() -> str:
+    """The ISA every CPU kernel uses unless a call names one: one of kernel_isa_names()."""
+def set_kernel_isa(name: str) -> bool:
+    """Selects the active ISA (tests, benchmarks); False if this CPU or build lacks it, ValueError if unknown."""
+def kernel_isa_names() -> list[str]:
+    """generic, generic16, avx2, avx512, avx512_bf16, generic16_bf16, avx512_vnni, amx_bf16, amx_int8: a
+    kernel entry's isa code is the index here (-1: the active ISA); the last three are not built yet."""
+def kernel_isa_supported(name: str) -> bool: ...
+def kernel_threading() -> str:
+    """openmp (shares torch's runtime) or pool."""
+def set_kernel_threading(name: str) -> None: ...
+def kernel_max_threads() -> int: ...
+
+# ---- CPU attention (raw-pointer entries: call pagedcore.ops.attention instead, which checks the tensors) ----
 def reshape_and_cache_cpu(key: int, value: int, key_cache: int, value_cache: int, slot_mapping: int,
                           num_tokens: int, num_kv_heads: int, head_size: int, num_blocks: int, block_size: int,
                           key_stride_token: int, key_stride_head: int, value_stride_token: int,
@@ -179,22 +209,68 @@ def paged_attention_cpu(out: int, query: int, key_cache: int, value_cache: int, 
                         max_seq_len: int) -> None: ...
 def copy_blocks_cpu(src: int, dst: int, block_mapping: int, num_pairs: int, num_planes: int, src_num_blocks: int,
                     dst_num_blocks: int, block_bytes: int) -> None: ...
-def kernel_isa() -> str:
-    """generic, generic16, avx2 or avx512: the instruction set the CPU kernels use."""
-def set_kernel_isa(name: str) -> bool: ...
-def kernel_threading() -> str:
-    """openmp (shares torch's runtime) or pool."""
-def set_kernel_threading(name: str) -> None: ...
-def kernel_max_threads() -> int: ...
 def set_attention_tuning(max_tile_rows: int = 0, min_partition_keys: int = 0, items_per_thread: int = 0) -> None: ...
 def advise_huge_pages(ptr: int, num_bytes: int) -> int:
     """madvise(MADV_HUGEPAGE) over the whole 2 MB pages of the range; the bytes advised (0 where not possible)."""
 
-# ---- CUDA kernels and NCCL (present when has_cuda; call pagedcore.kernels / kernels_cuda instead) ----
-def reshape_and_cache_cuda(*args: int) -> None: ...
-def paged_attention_cuda(*args: int | float) -> None: ...
-def copy_blocks_cuda(*args: int) -> None: ...
-def swap_blocks_cuda(*args: int) -> None: ...
+# ---- CPU linear layers (cpp/kernels/linear.h; call pagedcore.ops.linear instead) ----
+class WeightFormat(enum.Enum):
+    """How a linear layer's weight [N, K] is stored; only the dense ones have kernels so far."""
+    DENSE_F32 = 0
+    DENSE_BF16 = 1
+    INT8_PER_CHANNEL = 2
+    Q4_0 = 3
+    Q4_1 = 4
+    Q8_0 = 5
+
+class LinearHandle:
+    """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)
+    or 1 (SiLU-and-multiply of gate rows then up rows), isa an index of kernel_isa_names() or -1 (active)."""
+    def __init__(self, *, weight: int, bias: int, N: int, K: int, x_dtype: int, weight_format: WeightFormat,
+                 bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1) -> None: ...
+    def __call__(self, out: int, x: int, M: int, x_stride: int, out_stride: int) -> None:
+        """out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller)."""
+def set_linear_tuning(n_chunk: int = 0, m_chunk: int = 0) -> None: ...
+def linear_read_probe(data: int, bytes: int, threads: int, isa: int = -1) -> float:
+    """Streams bytes from data on threads threads (the bandwidth probe of bench/bench_decode.py)."""
+
+# ---- CPU norms (cpp/kernels/norm.h; call pagedcore.ops.elementwise instead) ----
+def rms_norm_cpu(out: int, residual: int, x: int, weight: int, rows: int, n: int, x_stride: int, out_stride: int,
+                 residual_stride: int, eps: float, dtype: int, isa: int = -1) -> None: ...
+def rotary_embedding_cpu(x: int, cos_sin: int, num_tokens: int, num_heads: int, head_dim: int, x_stride_token: int,
+                         x_stride_head: int, cos_sin_stride: int, dtype: int, isa: int = -1) -> None: ...
+
+# ---- every decoder layer in one call (cpp/kernels/decoder_stack.h; pagedcore.layers.decoder_stack) ----
+class DecoderStack:
+    def __init__(self, layer_ptrs: Sequence[Sequence[int]], hidden_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float, dtype: int,
+                 isa: int = -1) -> None:
+        """layer_ptrs: per layer, input_norm, post_norm, q_norm, k_norm, qkv, qkv_bias, o_proj, gate_up, down."""
+    def run(self, hidden: int, residual: int, num_tokens: int, cos_sin: int, kv_cache: int, cache_dtype: int,
+            num_blocks: int, block_size: int, slot_mapping: int, block_tables: int, seq_lens: int,
+            query_start_loc: int, num_seqs: int, max_blocks_per_seq: int, max_query_len: int, max_seq_len: int,
+            num_actual_tokens: int) -> None: ...
+    profiling: bool
+    def profile(self, reset: bool = False) -> dict[str, float]:
+        """Seconds per op (norms, qkv, rope, cache_write, attention, o_proj, gate_up, down)."""
+
+# ---- CUDA kernels and NCCL (present when has_cuda; call pagedcore.ops.attention_cuda / .nccl instead) ----
+def reshape_and_cache_cuda(key: int, value: int, key_cache: int, value_cache: int, slot_mapping: int,
+                           num_tokens: int, num_kv_heads: int, head_size: int, num_blocks: int, block_size: int,
+                           key_stride_token: int, key_stride_head: int, value_stride_token: int,
+                           value_stride_head: int, src_dtype: int, cache_dtype: int, stream: int) -> None: ...
+def paged_attention_cuda(out: int, query: int, key_cache: int, value_cache: int, block_tables: int, seq_lens: int,
+                         query_start_loc: int, num_seqs: int, num_tokens: int, num_heads: int, num_kv_heads: int,
+                         head_size: int, num_blocks: int, block_size: int, max_blocks_per_seq: int,
+                         q_stride_token: int, q_stride_head: int, out_stride_token: int, out_stride_head: int,
+                         q_dtype: int, cache_dtype: int, scale: float, max_query_len: int, max_seq_len: int,
+                         workspace: int, workspace_bytes: int, stream: int, partition_size: int,
+                         prefill_impl: int, decode_impl: int) -> int:
+    """0 once launched, or the workspace bytes the call needs (nothing launched) when workspace_bytes is smaller."""
+def copy_blocks_cuda(kv_cache: int, block_mapping: int, block_mapping_host: int, num_pairs: int, num_planes: int,
+                     num_blocks: int, block_bytes: int, stream: int) -> None: ...
+def swap_blocks_cuda(src: int, dst: int, block_mapping_host: int, num_pairs: int, num_planes: int,
+                     src_num_blocks: int, dst_num_blocks: int, block_bytes: int, stream: int) -> None: ...
 
 class NcclCommunicator:
     """One rank of an NCCL group; libnccl.so.2 is loaded at run time."""

@@ -73,21 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     _sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
-    try:
-        from pagedcore.serving.cli import add_serve_parser
-        add_serve_parser(sub)
-    except ImportError:
-        pass
-    try:
-        from pagedcore.simulator.cli import add_simulate_parser
-        add_simulate_parser(sub)
-    except ImportError:
-        pass
-    try:
-        from pagedcore.benchmarks.cli import add_bench_parser
-        add_bench_parser(sub)
-    except ImportError:
-        pass
+    # Imported here, not at the top, so `import pagedcore.cli` stays cheap; each module holds only
+    # argparse code. All are in-tree: a broken import is a bug and must surface, not hide a command.
+    from pagedcore.benchmarks.cli import add_bench_parser
+    from pagedcore.serving.cli import add_serve_parser
+    from pagedcore.simulator.cli import add_simulate_parser
+
+    add_serve_parser(sub)
+    add_simulate_parser(sub)
+    add_bench_parser(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

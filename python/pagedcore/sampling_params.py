@@ -1,4 +1,5 @@
-"""Per-request generation settings: `SamplingParams` (vLLM's names and meanings) and `BeamSearchParams`.
+"""Per-request generation settings: `SamplingParams` (vLLM's names and meanings), the constraint of
+structured output (`StructuredOutputsParams`) and `BeamSearchParams`.
 
 Both are validated at construction: a bad value raises ValueError naming the field, the value and
 the allowed range, so the HTTP layer can hand the message straight back to the client.
@@ -7,6 +8,7 @@ the allowed range, so the HTTP layer can hand the message straight back to the c
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -43,6 +45,71 @@ def _check_bool(owner: str, name: str, value):
         raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
+# The constraint kinds of StructuredOutputsParams, in the order messages list them.
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One constraint on the generated text (vLLM's names): exactly one of
+    json (a JSON schema, dict or JSON text), regex (the whole output matches it), choice (the output is
+    one of these strings), grammar (EBNF / GBNF, root rule `root`), json_object (any JSON object).
+    Frozen: `key` names the compiled grammar in the engine's cache."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False  # JSON without free whitespace between tokens (compact)
+    disable_fallback: bool = False        # there is one backend (xgrammar), so never a fallback
+
+    def __post_init__(self):
+        set_kinds = [k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            got = ", ".join(set_kinds) if set_kinds else "none"
+            raise ValueError(f"StructuredOutputsParams needs exactly one of {', '.join(CONSTRAINT_KINDS)}; "
+                             f"got {got}")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    schema = json.loads(self.json)
+                except ValueError as error:
+                    raise ValueError(f"StructuredOutputsParams.json is not valid JSON ({error})") from None
+            else:
+                schema = self.json
+            if not isinstance(schema, dict):
+                raise ValueError("StructuredOutputsParams.json must be a JSON schema (an object), got "
+                                 f"{type(schema).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"StructuredOutputsParams.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) and c for c in self.choice)):
+                raise ValueError("StructuredOutputsParams.choice must be a non-empty list of non-empty strings, "
+                                 f"got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if self.json_object is not None:
+            _check_bool("StructuredOutputsParams", "json_object", self.json_object)
+        for name in ("disable_any_whitespace", "disable_fallback"):
+            _check_bool("StructuredOutputsParams", name, getattr(self, name))
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple:
+        """What the compiled grammar depends on: the cache key."""
+        kind = self.kind
+        value = getattr(self, kind)
+        if kind == "json" and not isinstance(value, str):
+            value = json.dumps(value, sort_keys=True)
+        return kind, value, self.disable_any_whitespace
+
+
 @dataclass
 class SamplingParams:
     """How to pick the tokens of one request. Defaults are vLLM's."""
@@ -68,6 +135,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
+    # A constraint on the output (JSON schema, regex, choice, grammar); None = free text.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         _check_int("SamplingParams", "n", self.n, lo=1, allowed=">= 1")
@@ -104,6 +173,8 @@ class SamplingParams:
         self._normalize_logit_bias()
         if self.stop and not self.detokenize:
             _fail("stop", self.stop, "empty when detokenize=False (stop strings are matched on the text)")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            _fail("structured_outputs", self.structured_outputs, "None or a StructuredOutputsParams")
 
     def _normalize_stop(self):
         stop = self.stop
@@ -189,4 +260,4 @@ class BeamSearchParams:
         _check_float("BeamSearchParams", "length_penalty", self.length_penalty, lambda v: True, "a finite float")
 
 
-__all__ = ["SamplingParams", "BeamSearchParams", "MIN_TEMPERATURE"]
+__all__ = ["SamplingParams", "StructuredOutputsParams", "BeamSearchParams", "MIN_TEMPERATURE"]

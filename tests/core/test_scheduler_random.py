@@ -1,9 +1,11 @@
 """Random request streams against the C++ scheduler, checking invariants after every step.
 
-Arrivals (some sharing a prefix), aborts, forks, EOS and preemptions are drawn by hypothesis;
+Arrivals (some sharing a prefix), aborts, forks (right after a sample or mid-generation), draft
+tokens (appended, retracted, then j of k accepted), EOS and preemptions are drawn by hypothesis;
 after every step we check: no leaked or doubly owned block, ref counts equal references, the
-token budget and sequence cap held, no write into a block another live sequence can read, and
-every sequence reading back exactly its own tokens through its block table (shadow cache).
+token budget and sequence cap held, no write into a block another live sequence can read, every
+sequence reading back exactly its own tokens through its block table (shadow cache), before the
+forward and again after update() rolled rejected drafts back, and a verify window never split.
 Under FCFS every admitted request finishes once arrivals stop.
 """
 
@@ -78,6 +80,47 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.fork_sequence(parent, child, token)
         self.live.add(child)
 
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork_mid_generation(self, data):
+        """A running sequence forked as it is, mid-prefill or with drafts pending."""
+        running = sorted(set(self.s.running_ids()) & self.live)
+        if not running:
+            return
+        parent = data.draw(st.sampled_from(running))
+        child = self.next_id
+        self.next_id += 1
+        self.s.fork_sequence(parent, child)
+        self.live.add(child)
+        event("fork mid-generation")
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), num_drafts=st.integers(1, 5), eos_rate=st.floats(0, 0.2))
+    def draft(self, data, num_drafts, eos_rate):
+        """A drafter proposes num_drafts tokens; the next step that reaches them verifies them."""
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        seq = self.s.get_sequence(sid)
+        max_seq_len = min(self.cfg.max_model_len, self.cfg.num_gpu_blocks * self.cfg.block_size)
+        num_drafts = min(num_drafts, max_seq_len - seq.num_tokens,
+                         self.cfg.max_num_batched_tokens - 1 - seq.num_draft_tokens)
+        if num_drafts <= 0:
+            return
+        drafts = np.where(self.rng.random(num_drafts) < eos_rate, EOS, self.rng.integers(10, 900, num_drafts))
+        self.s.append_tokens(sid, drafts, draft=True)
+        self.forkable.discard(sid)
+        event("drafted")
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def retract_drafts(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        k = self.s.get_sequence(sid).num_draft_tokens
+        if k == 0:
+            return
+        n = data.draw(st.integers(1, k))
+        self.s.remove_tail_tokens(sid, n)
+        assert self.s.get_sequence(sid).num_draft_tokens == k - n
+
     @rule(eos_rate=st.floats(0, 0.3), num_forks=st.integers(0, 2))
     def step(self, eos_rate, num_forks):
         out = self.s.schedule()
@@ -89,16 +132,35 @@ class SchedulerMachine(RuleBasedStateMachine):
                 event(name)
         n = len(out.sample_seq_ids)
         tokens = np.where(self.rng.random(n) < eos_rate, EOS, self.rng.integers(10, 900, n))
+        # Verify drafts: sample i accepts its first j drafts and then, usually, the target's own token.
+        rows_per_sample = np.diff(out.logits_start_loc)
+        num_accepted, accepted = [], []
+        for i in range(n):
+            lo, hi = int(out.logits_start_loc[i]), int(out.logits_start_loc[i + 1])
+            drafts = out.input_ids[out.logits_indices[lo:hi - 1] + 1].tolist()
+            j = int(self.rng.integers(0, len(drafts) + 1))
+            own = [int(tokens[i])] if self.rng.random() < 0.9 else []   # sometimes no bonus (or nothing)
+            num_accepted.append(j + len(own))
+            accepted += drafts[:j] + own
+            if drafts:
+                event(f"accepted {j} of {len(drafts)} drafts")
         forks = []
-        for parent in out.sample_seq_ids.tolist()[:num_forks]:   # n > 1: a row sampled again
+        parents = [sid for sid, rows in zip(out.sample_seq_ids.tolist(), rows_per_sample) if rows == 1]
+        for parent in parents[:num_forks]:   # n > 1: a row sampled again
             forks.append([parent, self.next_id, int(self.rng.integers(10, 900))])
             self.live.add(self.next_id)
             self.next_id += 1
-        res = self.s.update(tokens, forks=np.array(forks, dtype=np.int64).reshape(-1, 3))
+        fork_array = np.array(forks, dtype=np.int64).reshape(-1, 3)
+        if all(rows == 1 for rows in rows_per_sample) and all(c == 1 for c in num_accepted):
+            res = self.s.update(tokens, forks=fork_array)        # the one-token form
+        else:
+            res = self.s.update(np.array(accepted, dtype=np.int64), fork_array,
+                                num_accepted_tokens=np.array(num_accepted, dtype=np.int64))
         for sid in res.finished_seq_ids.tolist():
             self.live.discard(sid)
         running = set(self.s.running_ids())
         self.forkable = {int(sid) for sid in out.sample_seq_ids} & running
+        self.check_after_update()
 
     # -- checks -----------------------------------------------------------------------------
     def check_step(self, out):
@@ -121,6 +183,31 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Every token of the context reads back as this sequence's own token.
             ctx = self.shadow.context(seq.block_table, int(out.seq_lens[i]))
             assert ctx.tolist() == seq.token_ids[: int(out.seq_lens[i])]
+            # Logits rows: the last k + 1 rows of a chunk that reaches the end, and no chunk ends inside
+            # a verify window (the last k + 1 tokens).
+            rows = int(out.num_logits_rows[i])
+            k = seq.num_draft_tokens
+            if hi - lo > 0 and c + hi - lo == seq.num_tokens:
+                assert rows == k + 1
+            else:
+                assert rows == 0 and c + hi - lo <= seq.num_tokens - k - 1
+        sampled = [sid for sid, rows in zip(out.seq_ids.tolist(), out.num_logits_rows.tolist()) if rows]
+        assert out.sample_seq_ids.tolist() == sampled
+        assert np.diff(out.logits_start_loc).tolist() == [r for r in out.num_logits_rows.tolist() if r]
+        expected_rows = [row for i, rows in enumerate(out.num_logits_rows.tolist())
+                         for row in range(int(out.query_start_loc[i + 1]) - rows, int(out.query_start_loc[i + 1]))]
+        assert out.logits_indices.tolist() == expected_rows
+
+    def check_after_update(self):
+        """After update(): every running sequence still reads back its computed tokens, holds the
+        blocks its tokens need and none past them (rejected drafts rolled back)."""
+        bs = self.cfg.block_size
+        for sid in self.s.running_ids():
+            seq = self.s.get_sequence(sid)
+            assert seq.num_computed_tokens < seq.num_tokens
+            assert -(-seq.num_computed_tokens // bs) <= len(seq.block_table) <= -(-seq.num_tokens // bs)
+            ctx = self.shadow.context(seq.block_table, seq.num_computed_tokens)
+            assert ctx.tolist() == seq.token_ids[: seq.num_computed_tokens]
 
     @invariant()
     def blocks_are_accounted_for(self):

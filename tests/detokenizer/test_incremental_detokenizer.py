@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedcore import detokenizer as detokenizer_module
-from pagedcore.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, make_token_decoder
+from pagedcore.engine import detokenizer as detokenizer_module
+from pagedcore.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, make_token_decoder
 
 # Multi-byte characters of every UTF-8 length, CJK, emoji (4 bytes, and a ZWJ sequence).
 CHARS = ["a", "Z", " ", "\n", "é", "ü", "Ω", "中", "世", "界", "語", "😀", "🚀", "𝄞", "👩‍💻", "!", "12"]

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedcore.detokenizer import IncrementalDetokenizer, StopStringChecker
+from pagedcore.engine.detokenizer import IncrementalDetokenizer, StopStringChecker
 
 
 def reference_cut(text: str, stops: list[str], include: bool):

@@ -137,14 +137,15 @@ def test_profile_forward_runs_the_largest_step(tiny_llama):
     """The GPU KV-cache sizing profiles a forward of max_num_batched_tokens; its batch layout is
     exercised here on the CPU (the same code runs on the GPU)."""
     from pagedcore.engine import kv_cache as kvc
-    from pagedcore.engine.model_runner import ModelRunner
 
     _, folder = tiny_llama
-    llm = LLM(folder, max_model_len=64, max_num_batched_tokens=150, num_gpu_blocks_override=32)
+    llm = LLM(folder, max_model_len=64, max_num_batched_tokens=150, max_num_seqs=8, num_gpu_blocks_override=32)
     engine = llm.llm_engine
     spec = engine.kv_cache_spec
-    seq_len, num_tokens = 64, 150
-    num_seqs = -(-num_tokens // seq_len)
-    scratch = kvc.allocate(spec, num_seqs * -(-seq_len // spec.block_size))
-    ModelRunner(engine.loaded.model, scratch, None).profile_forward(num_tokens, num_seqs, seq_len, 8)
-    assert torch.isfinite(scratch[:, :, : -(-num_tokens // spec.block_size)].float()).any()
+    shape = kvc.ProfileShape.largest_step(engine.config)
+    assert (shape.num_tokens, shape.num_seqs, shape.seq_len, shape.num_logits_rows) == (150, 3, 64, 8)
+    scratch = kvc.allocate(spec, shape.num_blocks(spec.block_size))
+    # The worker's own runner: the sizing builds no second one.
+    engine.worker.runner.profile_forward(scratch, shape.num_tokens, shape.num_seqs, shape.seq_len,
+                                         shape.num_logits_rows)
+    assert torch.isfinite(scratch[:, :, : -(-shape.num_tokens // spec.block_size)].float()).any()

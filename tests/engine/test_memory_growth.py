@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import subprocess
 import sys
 import textwrap
@@ -78,7 +79,9 @@ def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate)
     if populate == "touch":   # a kernel without MADV_POPULATE_WRITE (before 5.14): one write per page
         monkeypatch.setattr(host_memory, "_madvise", lambda: None)
     num_bytes = 96 * 2**20
-    tensor = torch.empty(num_bytes // 4, dtype=torch.float32)   # above the mmap threshold: fresh pages
+    # A fresh anonymous mapping: never touched, whatever the allocator caches from earlier tests.
+    mapping = mmap.mmap(-1, num_bytes)
+    tensor = torch.frombuffer(mapping, dtype=torch.float32)    # [num_bytes / 4]
     before = _rss_bytes()
     committed, advised = host_memory.commit_pages(tensor, huge_pages=huge_pages)
     assert committed == num_bytes
@@ -88,6 +91,8 @@ def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate)
     else:
         assert advised > 0
     assert _rss_bytes() - before >= 0.95 * num_bytes
+    del tensor
+    mapping.close()
 
 
 def test_commit_pages_refuses_a_strided_tensor():

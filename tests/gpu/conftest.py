@@ -28,8 +28,8 @@ requires_cuda = pytest.mark.skipif(cuda_skip_reason() is not None, reason=str(cu
 
 @pytest.fixture
 def kernels_cuda():
-    """pagedcore.kernels_cuda with the default tuning restored after the test."""
-    from pagedcore import kernels_cuda as module
+    """pagedcore.ops.attention_cuda with the default tuning restored after the test."""
+    from pagedcore.ops import attention_cuda as module
 
     module.set_attention_tuning()
     yield module
@@ -56,13 +56,13 @@ class PagedBatch:
         return torch.full((t, h + 1, d), 4096.0, dtype=self.query.dtype, device=self.query.device)[:, :h]
 
     def reference(self) -> torch.Tensor:
-        """pagedcore.kernels_reference on CPU copies, in fp32."""
-        from pagedcore import kernels_reference
+        """tests.kernels.reference on CPU copies, in fp32."""
+        from tests.kernels import reference
 
         out = torch.zeros(self.query.shape, dtype=torch.float32)
-        kernels_reference.paged_attention(out, self.query.cpu(), self.key_cache.cpu(), self.value_cache.cpu(),
-                                          self.block_tables.cpu(), self.seq_lens.cpu(),
-                                          self.query_start_loc.cpu(), self.scale)
+        reference.paged_attention(out, self.query.cpu(), self.key_cache.cpu(), self.value_cache.cpu(),
+                                  self.block_tables.cpu(), self.seq_lens.cpu(), self.query_start_loc.cpu(),
+                                  self.scale)
         return out
 
 

@@ -1,12 +1,12 @@
-"""CUDA reshape_and_cache, copy_blocks and swap_blocks against pagedcore.kernels_reference."""
+"""CUDA reshape_and_cache, copy_blocks and swap_blocks against tests.kernels.reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pagedcore import kernels_reference as reference
 from tests.gpu.conftest import requires_cuda
+from tests.kernels import reference
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 

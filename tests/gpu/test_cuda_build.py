@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pagedcore._core as _core
-from pagedcore import kernels_cuda
+from pagedcore.ops import attention_cuda as kernels_cuda
 
 
 def nvcc_path() -> str | None:
@@ -38,7 +38,7 @@ def cpu_batch():
 
 
 def test_cpu_tensors_raise_value_error():
-    with pytest.raises(ValueError, match="CUDA tensors.*pagedcore.kernels.paged_attention"):
+    with pytest.raises(ValueError, match="CUDA tensors.*pagedcore.ops.attention.paged_attention"):
         kernels_cuda.paged_attention(**cpu_batch())
     k = torch.zeros(2, 2, 64)
     cache = torch.zeros(3, 2, 16, 64)

@@ -38,7 +38,8 @@ def test_cuda_engine_greedy_equals_hf(tiny_llama_folder, setting):
 def test_cuda_engine_sizes_the_cache_from_a_profiled_step(tiny_llama_folder):
     _, folder = tiny_llama_folder
     llm = LLM(folder, device="cuda", max_model_len=256, gpu_memory_utilization=0.2)
-    assert llm.llm_engine.runner.kv_cache.is_cuda
+    assert llm.llm_engine.worker.runner.kv_cache.is_cuda
+    assert llm.llm_engine.view.kv_cache_bytes > 0
     assert llm.llm_engine.scheduler.config.num_gpu_blocks > 0
     seeded = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True)
     a = llm.generate({"prompt_token_ids": [5, 6, 7]}, seeded, use_tqdm=False)[0].outputs[0].token_ids

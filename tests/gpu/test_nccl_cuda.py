@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, requires_cuda]
 
 @pytest.fixture(scope="module")
 def comm():
-    from pagedcore.kernels_cuda import NcclCommunicator
+    from pagedcore.ops.nccl import NcclCommunicator
 
     c = NcclCommunicator(1, 0, NcclCommunicator.get_unique_id(), device=torch.device("cuda", 0))
     yield c
@@ -42,7 +42,7 @@ def test_all_reduce_misuse(comm):
 
 def test_unique_ids_differ_and_have_nccl_size():
     from pagedcore import _core
-    from pagedcore.kernels_cuda import NcclCommunicator, nccl_library_path
+    from pagedcore.ops.nccl import NcclCommunicator, nccl_library_path
 
     a, b = NcclCommunicator.get_unique_id(), NcclCommunicator.get_unique_id()
     assert len(a) == 128 and a != b
@@ -50,7 +50,7 @@ def test_unique_ids_differ_and_have_nccl_size():
 
 
 def _rank_main(rank, world_size, uid, results):
-    from pagedcore.kernels_cuda import NcclCommunicator
+    from pagedcore.ops.nccl import NcclCommunicator
 
     torch.cuda.set_device(rank)
     comm = NcclCommunicator(world_size, rank, uid, device=torch.device("cuda", rank))
@@ -66,7 +66,7 @@ def _rank_main(rank, world_size, uid, results):
 def test_two_ranks_sum():
     import torch.multiprocessing as mp
 
-    from pagedcore.kernels_cuda import NcclCommunicator
+    from pagedcore.ops.nccl import NcclCommunicator
 
     uid = NcclCommunicator.get_unique_id()
     ctx = mp.get_context("spawn")

@@ -1,4 +1,4 @@
-"""CUDA paged attention against pagedcore.kernels_reference and the CPU kernels."""
+"""CUDA paged attention against tests.kernels.reference and the CPU kernels."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_fp32_query_over_a_bf16_cache(kernels_cuda):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_matches_the_cpu_kernels(kernels_cuda, dtype):
-    from pagedcore import kernels
+    from pagedcore.ops import attention as kernels
 
     seqs = [(0, 23), (40, 1), (130, 17), (511, 1)]
     b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_size=128, block_size=16, cache_dtype=dtype, seed=19)

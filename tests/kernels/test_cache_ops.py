@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedcore import kernels, kernels_reference as reference
+from pagedcore.ops import attention as kernels
+
+from . import reference
 
 
 def random_slots(num_tokens, num_blocks, block_size, num_pad, seed):

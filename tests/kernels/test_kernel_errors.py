@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedcore import kernels
+from pagedcore.ops import attention as kernels
 
 
 def attention_args(**override):
@@ -65,7 +65,7 @@ def test_cuda_tensor_gives_a_clear_error():
     with pytest.raises(ValueError, match="on the CPU"):
         call_attention(query=meta)
     if torch.cuda.is_available():  # pragma: no cover - CPU machines
-        with pytest.raises(NotImplementedError, match="CUDA kernels are not built/wired yet"):
+        with pytest.raises(NotImplementedError, match="no CUDA kernels to run CUDA tensors"):
             call_attention(query=torch.randn(3, 4, 64, device="cuda"))
 
 
@@ -86,7 +86,7 @@ def test_cuda_message_without_a_gpu(monkeypatch):
             return False
 
     q = torch.randn(3, 4, 64).as_subclass(FakeTensor)
-    with pytest.raises(NotImplementedError, match="CUDA kernels are not built/wired yet"):
+    with pytest.raises(NotImplementedError, match="no CUDA kernels to run CUDA tensors"):
         call_attention(query=q)
 
 
@@ -129,8 +129,8 @@ def test_copy_and_swap_misuse():
         kernels.swap_blocks(kv, torch.zeros(2, 2, 9, 1, 16, 8), torch.tensor([[4, 0]], dtype=torch.int32))
 
 
-def test_cuda_tensors_are_forwarded_to_kernels_cuda_when_available(monkeypatch):
-    from pagedcore import kernels_cuda
+def test_cuda_tensors_are_forwarded_to_attention_cuda_when_available(monkeypatch):
+    from pagedcore.ops import attention_cuda
 
     class GpuTensor(torch.Tensor):  # a CPU tensor that says it lives on a GPU
         @property
@@ -142,9 +142,9 @@ def test_cuda_tensors_are_forwarded_to_kernels_cuda_when_available(monkeypatch):
             return True
 
     calls = []
-    monkeypatch.setattr(kernels_cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention_cuda, "is_available", lambda: True)
     for op in ("paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks"):
-        monkeypatch.setattr(kernels_cuda, op, lambda *a, _op=op: calls.append((_op, len(a))))
+        monkeypatch.setattr(attention_cuda, op, lambda *a, _op=op: calls.append((_op, len(a))))
     a = attention_args()
     a["query"] = a["query"].as_subclass(GpuTensor)
     kernels.paged_attention(a.pop("out"), a.pop("query"), **a)
@@ -154,3 +154,12 @@ def test_cuda_tensors_are_forwarded_to_kernels_cuda_when_available(monkeypatch):
     kernels.copy_blocks(kv, torch.tensor([[0, 1]], dtype=torch.int32))
     kernels.swap_blocks(kv, torch.zeros(2, 2, 4, 1, 16, 8), torch.tensor([[0, 1]], dtype=torch.int32))
     assert calls == [("paged_attention", 10), ("reshape_and_cache", 5), ("copy_blocks", 2), ("swap_blocks", 3)]
+
+
+def test_unsupported_layout_names_the_arguments():
+    # head_size 1 with a non-unit last stride passes the shape checks but not the kernel's layout:
+    # the error lists what was given instead of running anything.
+    cache = torch.zeros(4, 2, 16, 1)
+    key = torch.randn(3, 2, 5)[:, :, ::5]  # [3, 2, 1], strides (10, 5, 5)
+    with pytest.raises(ValueError, match=r"does not support these arguments: key \(3, 2, 1\)"):
+        kernels.reshape_and_cache(key, key, cache, cache.clone(), torch.tensor([0, 1, 2]))

@@ -1,4 +1,4 @@
-"""pagedcore.kernels_linear against torch.nn.functional.linear: random shapes (M 1..32, K and N not
+"""pagedcore.ops.linear against torch.nn.functional.linear: random shapes (M 1..32, K and N not
 multiples of the vector width), with and without bias, fp32 and bf16, strided rows, the SwiGLU
 epilogue, every kernel variant this CPU runs; misuse raises with the fix in the message."""
 
@@ -8,11 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedcore import kernels_linear
+from pagedcore.ops import linear as linear_ops
+from pagedcore.ops.linear_isa import ISA_CODES, supported_isas
 
-pytestmark = pytest.mark.skipif(not kernels_linear.available(), reason="extension built without the linear kernel")
-
-ISAS = kernels_linear.supported_isas()
+ISAS = supported_isas()
 
 
 def reference(x, weight, bias=None, silu_mul=False):
@@ -48,7 +47,7 @@ def test_random_shapes_match_torch(isa, dtype):
         x = torch.randn(M, K, generator=gen).to(dtype)
         w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype)
         b = torch.randn(N, generator=gen).to(dtype) if trial % 2 else None
-        got = kernels_linear.linear(x, w, b, isa=isa)
+        got = linear_ops.linear(x, w, b, isa=isa)
         assert got.shape == (M, N) and got.dtype == dtype
         assert_close(got, reference(x, w, b), x, w, dtype)
 
@@ -59,9 +58,9 @@ def test_model_shapes_and_fp32_logits_from_bf16(isa):
     for M, N, K in [(1, 960, 576), (4, 3072, 576), (16, 576, 1536), (1, 4099, 576)]:
         x = torch.randn(M, K, generator=gen)
         w = torch.randn(N, K, generator=gen) / K ** 0.5
-        assert_close(kernels_linear.linear(x, w, isa=isa), reference(x, w), x, w, torch.float32)
+        assert_close(linear_ops.linear(x, w, isa=isa), reference(x, w), x, w, torch.float32)
         xb, wb = x.bfloat16(), w.bfloat16()
-        logits = kernels_linear.linear(xb, wb, out_dtype=torch.float32, isa=isa)  # the LM head's call
+        logits = linear_ops.linear(xb, wb, out_dtype=torch.float32, isa=isa)  # the LM head's call
         assert logits.dtype == torch.float32
         assert_close(logits, reference(xb, wb), xb, wb, torch.float32)
 
@@ -75,7 +74,7 @@ def test_silu_mul_epilogue_matches_unfused(isa, dtype, bias):
         x = torch.randn(M, K, generator=gen).to(dtype)
         w = (torch.randn(2 * I, K, generator=gen) / K ** 0.5).to(dtype)
         b = torch.randn(2 * I, generator=gen).to(dtype) if bias else None
-        got = kernels_linear.linear(x, w, b, silu_mul=True, isa=isa)
+        got = linear_ops.linear(x, w, b, silu_mul=True, isa=isa)
         assert got.shape == (M, I)
         assert_close(got, reference(x, w, b, silu_mul=True), x, w, dtype)
         # the unfused torch path the layer replaces
@@ -90,9 +89,9 @@ def test_strided_rows_and_leading_dims(dtype):
     wide = torch.randn(6, 100, generator=gen).to(dtype)
     x = wide[:, 10:74]  # rows 100 apart, last stride 1
     w = torch.randn(30, 64, generator=gen).to(dtype)
-    assert_close(kernels_linear.linear(x, w), reference(x, w), x, w, dtype)
+    assert_close(linear_ops.linear(x, w), reference(x, w), x, w, dtype)
     x3 = torch.randn(2, 3, 64, generator=gen).to(dtype)
-    got = kernels_linear.linear(x3, w)
+    got = linear_ops.linear(x3, w)
     assert got.shape == (2, 3, 30)
     assert_close(got.reshape(6, 30), reference(x3.reshape(6, 64), w), x3.reshape(6, 64), w, dtype)
 
@@ -106,12 +105,12 @@ def test_many_tasks_and_large_m_match_torch():
             x = torch.randn(45, 70, generator=gen).to(dtype)
             w = torch.randn(53, 70, generator=gen).to(dtype)
             b = torch.randn(53, generator=gen).to(dtype)
-            assert_close(kernels_linear.linear(x, w, b), reference(x, w, b), x, w, dtype)
+            assert_close(linear_ops.linear(x, w, b), reference(x, w, b), x, w, dtype)
     finally:
         _core.set_linear_tuning()
     x = torch.randn(300, 576, generator=gen).bfloat16()
     w = torch.randn(200, 576, generator=gen).bfloat16()
-    assert_close(kernels_linear.linear(x, w), reference(x, w), x, w, torch.bfloat16)
+    assert_close(linear_ops.linear(x, w), reference(x, w), x, w, torch.bfloat16)
 
 
 @pytest.mark.parametrize("widen", ["0", "1"])
@@ -120,50 +119,50 @@ def test_torch_linear_bf16_widened_or_not_matches_the_reference(monkeypatch, wid
     # for the call and rounds once. Both routes must give torch's bf16 GEMM result: the exact
     # product rounded once to bf16, up to summation order.
     monkeypatch.setenv("PAGEDCORE_WIDEN_BF16_GEMM", widen)
-    kernels_linear._slow_bf16_gemm.cache_clear()
+    linear_ops._slow_bf16_gemm.cache_clear()
     try:
         gen = torch.Generator().manual_seed(5)
         x = torch.randn(300, 96, generator=gen).bfloat16()
         w = torch.randn(130, 96, generator=gen).bfloat16()
         b = torch.randn(130, generator=gen).bfloat16()
-        got = kernels_linear.torch_linear(x, w, b)
+        got = linear_ops.torch_linear(x, w, b)
         assert got.dtype == torch.bfloat16 and got.shape == (300, 130)
         assert_close(got, reference(x, w, b), x, w, torch.bfloat16)
         if widen == "1":  # bit-exact with the widened computation it stands for
             assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
         xf, wf = x.float(), w.float()
-        assert torch.equal(kernels_linear.torch_linear(xf, wf, None), F.linear(xf, wf))  # fp32: torch as is
+        assert torch.equal(linear_ops.torch_linear(xf, wf, None), F.linear(xf, wf))  # fp32: torch as is
     finally:
-        kernels_linear._slow_bf16_gemm.cache_clear()
+        linear_ops._slow_bf16_gemm.cache_clear()
 
 
 def test_zero_rows_and_empty():
     w = torch.randn(8, 16)
-    assert kernels_linear.linear(torch.empty(0, 16), w).shape == (0, 8)
-    assert kernels_linear.linear(torch.empty(3, 0), torch.empty(8, 0)).eq(0).all()
+    assert linear_ops.linear(torch.empty(0, 16), w).shape == (0, 8)
+    assert linear_ops.linear(torch.empty(3, 0), torch.empty(8, 0)).eq(0).all()
 
 
 def test_layer_kernel_rebinds_after_weight_moves():
     w = torch.randn(8, 16)
-    kernel = kernels_linear.LinearKernel(w)
+    kernel = linear_ops.LinearKernel(w)
     assert kernel.matches(w)
     assert not kernel.matches(w.clone())
 
 
 @pytest.mark.parametrize("call,exc,match", [
-    (lambda: kernels_linear.linear(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8)), TypeError, "float32"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16)), TypeError, "bfloat16"),
-    (lambda: kernels_linear.linear(torch.randn(2, 7), torch.randn(4, 8)), ValueError, "input features"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(8, 4).T), ValueError, "contiguous"),
-    (lambda: kernels_linear.linear(torch.randn(8, 2).T, torch.randn(4, 8)), ValueError, "unit stride"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5)), ValueError, r"\(4,\)"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(5, 8), silu_mul=True), ValueError, "even"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4)), ValueError, "out_features, in_features"),
-    (lambda: kernels_linear.linear([1.0], torch.randn(4, 8)), TypeError, "torch.Tensor"),
-    (lambda: kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), isa="sse9"), ValueError, "unknown ISA"),
-    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))(torch.randn(2, 8).bfloat16()), TypeError, "dtype"),
-    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))(torch.randn(2, 3, 8)), ValueError, "reshape"),
-    (lambda: kernels_linear.LinearKernel(torch.randn(4, 8))("x"), TypeError, "torch.Tensor"),
+    (lambda: linear_ops.linear(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8)), TypeError, "float32"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16)), TypeError, "bfloat16"),
+    (lambda: linear_ops.linear(torch.randn(2, 7), torch.randn(4, 8)), ValueError, "input features"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(8, 4).T), ValueError, "contiguous"),
+    (lambda: linear_ops.linear(torch.randn(8, 2).T, torch.randn(4, 8)), ValueError, "unit stride"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5)), ValueError, r"\(4,\)"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(5, 8), silu_mul=True), ValueError, "even"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(4)), ValueError, "out_features, in_features"),
+    (lambda: linear_ops.linear([1.0], torch.randn(4, 8)), TypeError, "torch.Tensor"),
+    (lambda: linear_ops.linear(torch.randn(2, 8), torch.randn(4, 8), isa="sse9"), ValueError, "unknown ISA"),
+    (lambda: linear_ops.LinearKernel(torch.randn(4, 8))(torch.randn(2, 8).bfloat16()), TypeError, "dtype"),
+    (lambda: linear_ops.LinearKernel(torch.randn(4, 8))(torch.randn(2, 3, 8)), ValueError, "reshape"),
+    (lambda: linear_ops.LinearKernel(torch.randn(4, 8))("x"), TypeError, "torch.Tensor"),
 ])
 def test_misuse_raises_with_the_fix(call, exc, match):
     with pytest.raises(exc, match=match):
@@ -171,16 +170,17 @@ def test_misuse_raises_with_the_fix(call, exc, match):
 
 
 def test_unsupported_isa_is_refused():
-    missing = [name for name in kernels_linear.ISA_CODES if name != "auto" and name not in ISAS]
+    missing = [name for name in ISA_CODES if name != "auto" and name not in ISAS]
     for name in missing:
         with pytest.raises(ValueError, match="cannot run"):
-            kernels_linear.linear(torch.randn(2, 8), torch.randn(4, 8), isa=name)
+            linear_ops.linear(torch.randn(2, 8), torch.randn(4, 8), isa=name)
 
 
 def test_out_never_aliases_inputs_in_the_c_layer():
     from pagedcore import _core
     x, w = torch.randn(2, 8), torch.randn(4, 8)
-    handle = _core.LinearHandle(w.data_ptr(), 0, 4, 8, 0, 0, 0, 0, 0, -1)
+    handle = _core.LinearHandle(weight=w.data_ptr(), bias=0, N=4, K=8, x_dtype=0,
+                                weight_format=_core.WeightFormat.DENSE_F32, bias_dtype=0, out_dtype=0, epilogue=0)
     with pytest.raises(ValueError, match="overlaps"):
         handle(x.data_ptr(), x.data_ptr(), 2, 8, 4)
     with pytest.raises(ValueError, match="x_stride"):

@@ -1,4 +1,4 @@
-"""The fused elementwise ops of pagedcore.kernels_linear against the unfused torch ops they replace
+"""The fused elementwise ops of pagedcore.ops.elementwise against the unfused torch ops they replace
 in the model layers: residual add + RMSNorm (HF Llama's rounding order) and the rotary embedding on
 strided q/k views of a fused qkv output; every kernel variant this CPU runs; misuse raises."""
 
@@ -8,11 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedcore import kernels_linear
+from pagedcore.ops import elementwise
+from pagedcore.ops.linear_isa import supported_isas
 
-pytestmark = pytest.mark.skipif(not kernels_linear.available(), reason="extension built without the kernels")
-
-ISAS = kernels_linear.supported_isas()
+ISAS = supported_isas()
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -50,7 +49,7 @@ def test_rms_norm_matches_torch(isa, dtype, n):
     gen = torch.Generator().manual_seed(n)
     x = (torch.randn(33, n, generator=gen) * 3).to(dtype)
     w = (1 + 0.2 * torch.randn(n, generator=gen)).to(dtype)
-    assert_norm_close(kernels_linear.rms_norm(x, w, 1e-5, isa=isa), torch_rms_norm(x, w, 1e-5))
+    assert_norm_close(elementwise.rms_norm(x, w, 1e-5, isa=isa), torch_rms_norm(x, w, 1e-5))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -62,7 +61,7 @@ def test_add_rms_norm_matches_torch(isa, dtype):
     w = (1 + 0.2 * torch.randn(576, generator=gen)).to(dtype)
     want_residual = residual.clone().add_(x)
     want = torch_rms_norm(want_residual, w, 1e-6)
-    got = kernels_linear.rms_norm(x, w, 1e-6, residual, isa=isa)
+    got = elementwise.rms_norm(x, w, 1e-6, residual, isa=isa)
     assert torch.equal(residual, want_residual)  # the add is the same single rounding as torch's
     assert_norm_close(got, want)
 
@@ -74,9 +73,9 @@ def test_rms_norm_strided_rows_in_place_and_many_rows(dtype):
     x = wide[:, 8:72]  # rows 80 apart
     w = torch.randn(64, generator=gen).to(dtype)
     want = torch_rms_norm(x.contiguous(), w, 1e-6)
-    assert_norm_close(kernels_linear.rms_norm(x, w, 1e-6), want)
+    assert_norm_close(elementwise.rms_norm(x, w, 1e-6), want)
     y = x.contiguous()
-    kernels_linear.rms_norm(y, w, 1e-6, out=y)  # in place
+    elementwise.rms_norm(y, w, 1e-6, out=y)  # in place
     assert_norm_close(y, want)
 
 
@@ -92,7 +91,7 @@ def test_rotary_on_qk_view_is_bit_identical_to_torch(isa, dtype, head_dim):
     want = qkv.clone()
     torch_rotary(want[:, :(H + Hkv) * head_dim].view(T, H + Hkv, head_dim), cos_sin)
     got = qkv.clone()
-    kernels_linear.rotary_embedding(got[:, :(H + Hkv) * head_dim].view(T, H + Hkv, head_dim), cos_sin, isa=isa)
+    elementwise.rotary_embedding(got[:, :(H + Hkv) * head_dim].view(T, H + Hkv, head_dim), cos_sin, isa=isa)
     assert torch.equal(got, want)  # v untouched, q and k rotated with torch's roundings
 
 
@@ -104,25 +103,25 @@ def test_rotary_with_rows_of_a_larger_cache():
     x = torch.randn(4, 3, 64, generator=gen)
     want = x.clone()
     torch_rotary(want, cos_sin)
-    kernels_linear.rotary_embedding(x, cos_sin)
+    elementwise.rotary_embedding(x, cos_sin)
     assert torch.equal(x, want)
 
 
 @pytest.mark.parametrize("call,exc,match", [
-    (lambda: kernels_linear.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6), ValueError, r"shape \(8,\)"),
-    (lambda: kernels_linear.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-6), TypeError, "one dtype"),
-    (lambda: kernels_linear.rms_norm(torch.randn(2, 8).double(), torch.randn(8).double(), 1e-6), TypeError,
+    (lambda: elementwise.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6), ValueError, r"shape \(8,\)"),
+    (lambda: elementwise.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-6), TypeError, "one dtype"),
+    (lambda: elementwise.rms_norm(torch.randn(2, 8).double(), torch.randn(8).double(), 1e-6), TypeError,
      "float32"),
-    (lambda: kernels_linear.rms_norm(torch.randn(8, 2).T, torch.randn(8), 1e-6), ValueError, "unit stride"),
-    (lambda: kernels_linear.rms_norm(torch.randn(2, 3, 8), torch.randn(8), 1e-6), ValueError, "2-D"),
-    (lambda: kernels_linear.rms_norm(torch.randn(2, 8), torch.randn(8), 1e-6, torch.randn(3, 8)), ValueError,
+    (lambda: elementwise.rms_norm(torch.randn(8, 2).T, torch.randn(8), 1e-6), ValueError, "unit stride"),
+    (lambda: elementwise.rms_norm(torch.randn(2, 3, 8), torch.randn(8), 1e-6), ValueError, "2-D"),
+    (lambda: elementwise.rms_norm(torch.randn(2, 8), torch.randn(8), 1e-6, torch.randn(3, 8)), ValueError,
      "like x"),
-    (lambda: kernels_linear.rotary_embedding(torch.randn(2, 3, 8), torch.randn(2, 6)), ValueError, "head_dim"),
-    (lambda: kernels_linear.rotary_embedding(torch.randn(2, 3, 8), torch.randn(2, 8).bfloat16()), TypeError,
+    (lambda: elementwise.rotary_embedding(torch.randn(2, 3, 8), torch.randn(2, 6)), ValueError, "head_dim"),
+    (lambda: elementwise.rotary_embedding(torch.randn(2, 3, 8), torch.randn(2, 8).bfloat16()), TypeError,
      "one dtype"),
-    (lambda: kernels_linear.rotary_embedding(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8)),
+    (lambda: elementwise.rotary_embedding(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8)),
      ValueError, "unit stride"),
-    (lambda: kernels_linear.rotary_embedding(torch.randn(2, 3, 7), torch.randn(2, 7)), ValueError, "even"),
+    (lambda: elementwise.rotary_embedding(torch.randn(2, 3, 7), torch.randn(2, 7)), ValueError, "even"),
 ])
 def test_misuse_raises_with_the_fix(call, exc, match):
     with pytest.raises(exc, match=match):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import pagedcore._core as _core
-from pagedcore import kernels, kernels_reference as reference
+from pagedcore.ops import attention as kernels
 
+from . import reference
 from .conftest import make_batch, tolerances
 
 # (context before this step, new query rows): decode rows, prefill chunks starting mid-block and

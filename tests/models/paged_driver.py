@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from pagedcore._core import PAD_SLOT
 from pagedcore.layers.attention import AttentionMetadata
 
 BLOCK_SIZE = 16
-PAD_SLOT = -1
 
 
 class PagedDriver:
@@ -35,6 +35,16 @@ class PagedDriver:
         """Runs one forward over new tokens of several sequences ([(seq_id, token_ids)], packed in this
         order), plus num_padding padding tokens at the end (slot -1, in no sequence). Returns the fp32
         logits of every real token, [num_real_tokens, vocab]."""
+        input_ids, positions, metadata = self.prepare(chunks, num_padding)
+        num_real = int(metadata.query_start_loc[-1])
+        with torch.inference_mode():
+            hidden = self.model(input_ids, positions, self.kv_cache, metadata)
+            return self.model.compute_logits(hidden[:num_real])
+
+    def prepare(self, chunks: list[tuple[int, list[int]]],
+                num_padding: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """The inputs of one step as `step` describes it: (input_ids, positions) int64 [num_tokens]
+        and the metadata. Claims the cache slots (the sequences advance) without running the model."""
         input_ids, positions, slots, seq_lens, query_start_loc = [], [], [], [], [0]
         for seq_id, token_ids in chunks:
             self.block_tables.setdefault(seq_id, [])
@@ -63,10 +73,7 @@ class PagedDriver:
             max_seq_len=max(seq_lens),
             num_actual_tokens=query_start_loc[-1] if num_padding else None,
         )
-        with torch.inference_mode():
-            hidden = self.model(torch.tensor(input_ids, dtype=torch.int64),
-                                torch.tensor(positions, dtype=torch.int64), self.kv_cache, metadata)
-            return self.model.compute_logits(hidden[:query_start_loc[-1]])
+        return torch.tensor(input_ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64), metadata
 
     def greedy(self, seq_id: int, prompt: list[int], max_tokens: int,
                prefill_split: int | None = None) -> tuple[list[int], torch.Tensor]:

@@ -100,7 +100,7 @@ def test_sharded_checkpoint_loads_the_same_model(tmp_path):
 def test_bfloat16_stays_close_to_fp32_hf(tiny_model_factory, monkeypatch, max_rows):
     """bf16 drifts (as in any engine); it must stay near fp32 HF and keep its top token in HF's top 5.
     By default the 21 rows run the C++ decoder stack; with max_rows 8 the layer loop with torch's
-    GEMM (widened to fp32 where the CPU's bf16 GEMM is slow, kernels_linear.torch_linear)."""
+    GEMM (widened to fp32 where the CPU's bf16 GEMM is slow, pagedcore.ops.linear.torch_linear)."""
     if max_rows is not None:
         monkeypatch.setenv("PAGEDCORE_LINEAR_MAX_ROWS", max_rows)
     hf_model, folder = tiny_model_factory("llama")

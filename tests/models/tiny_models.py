@@ -50,14 +50,17 @@ def build_hf_model(kind: str, seed: int = 0):
 
     config_class, overrides = TINY_KINDS[kind]
     config = getattr(transformers, config_class)(**{**_COMMON, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):  # ones by default: make the norms do something
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            elif name.endswith(".bias"):  # zeros by default (Qwen2 q/k/v)
-                param.normal_(0.0, 0.2)
+    # HF initialises from the global generator: seed it for this build only, so building a model
+    # (often lazily, inside a session fixture) does not reseed the tests that happen to run after it.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):  # ones by default: make the norms do something
+                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                elif name.endswith(".bias"):  # zeros by default (Qwen2 q/k/v)
+                    param.normal_(0.0, 0.2)
     return model
 
 

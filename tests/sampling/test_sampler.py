@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from pagedcore.sampler import Sampler, repeat_rows
+from pagedcore.sampling.sampler import Sampler, repeat_rows
 from pagedcore.sampling import SamplingMetadata, logprob_dicts, make_generator, prompt_logprobs
 from pagedcore.sampling_params import SamplingParams
 
@@ -190,7 +190,7 @@ def test_half_precision_logits_are_widened():
 
 
 def test_all_greedy_step_runs_nothing_but_argmax(monkeypatch):
-    import pagedcore.sampler as sampler_module
+    import pagedcore.sampling.sampler as sampler_module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a random-path stage ran in an all-greedy step")

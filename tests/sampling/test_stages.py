@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from pagedcore.sampler import Sampler
+from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.penalties import (apply_bans, apply_logit_bias, apply_presence_frequency,
                                           apply_repetition_penalty)

@@ -177,8 +177,11 @@ def test_token_details_ask_the_engine_for_logprobs(response, logprobs, prompt_lo
      "params.decoding.repetition_penalty must be in (0, 2] (0 = off), got -0.5"),
     (dict(decoding=pb.DecodingParameters(length_penalty=pb.DecodingParameters.LengthPenalty(decay_factor=1.5))),
      "params.decoding.length_penalty is not supported"),
-    (dict(decoding=pb.DecodingParameters(json_schema="{}")), "params.decoding.json_schema (guided decoding)"),
-    (dict(decoding=pb.DecodingParameters(format=pb.DecodingParameters.JSON)), "params.decoding.format"),
+    (dict(decoding=pb.DecodingParameters(json_schema="not json")), "params.decoding.json_schema is invalid"),
+    (dict(decoding=pb.DecodingParameters(json_schema="[1]")), "params.decoding.json_schema is invalid"),
+    (dict(decoding=pb.DecodingParameters(choice=pb.DecodingParameters.StringChoices())),
+     "params.decoding.choice is invalid"),
+    (dict(decoding=pb.DecodingParameters(regex="")), "params.decoding.regex is invalid"),
     (dict(response=pb.ResponseOptions(generated_tokens=True, top_n_tokens=11)),
      "params.response.top_n_tokens must be <= 10, got 11"),
     (dict(response=pb.ResponseOptions(token_ranks=True)), "params.response asks for token_logprobs"),
@@ -198,6 +201,10 @@ def test_top_n_is_capped_by_the_engine_max_logprobs():
 def test_accepted_edge_values():
     plan(method=pb.SAMPLE, sampling=pb.SamplingParameters(typical_p=1.0, top_p=1.0))
     plan(decoding=pb.DecodingParameters(format=pb.DecodingParameters.TEXT, repetition_penalty=2.0))
+    fmt = pb.DecodingParameters
+    assert plan(decoding=fmt(format=fmt.TEXT)).sampling_params.structured_outputs is None
+    assert plan(decoding=fmt(format=fmt.JSON)).sampling_params.structured_outputs.json_object
+    assert plan(decoding=fmt(json_schema="{}")).sampling_params.structured_outputs.json == "{}"
     plan(stopping=pb.StoppingCriteria(max_new_tokens=1024, min_new_tokens=1024))
 
 

@@ -30,7 +30,7 @@ class FakeEngine:
         self.step_seconds = step_seconds
         self.last_step_timing = None
         self.aborted: list[str] = []
-        self.scheduler = SimpleNamespace(stats=self._stats)
+        self.view = SimpleNamespace(scheduler_stats=self._stats, request_ids=lambda: list(self.requests))
 
     def _stats(self):
         n = len(self.requests)

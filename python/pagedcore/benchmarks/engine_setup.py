@@ -15,11 +15,11 @@ def build_engine(args, **overrides):
     t0 = time.perf_counter()
     engine = LLMEngine(engine_config_from_args(args, **overrides))
     startup = time.perf_counter() - t0
-    cfg = engine.config
+    view = engine.view
+    cfg = view.config
     setup = {"model": cfg.model or "default (SmolLM2-135M-Instruct GGUF)", "dtype": cfg.dtype,
-             "startup_seconds": startup, "load_seconds": dict(getattr(engine.loaded, "load_seconds", {}) or {}),
-             "kv_cache": engine.kv_cache_description,
-             "kv_cache_bytes": engine.runner.kv_cache.numel() * engine.runner.kv_cache.element_size(),
+             "startup_seconds": startup, "load_seconds": view.load_seconds,
+             "kv_cache": view.kv_cache_description, "kv_cache_bytes": view.kv_cache_bytes,
              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
              "max_model_len": cfg.max_model_len, "enable_prefix_caching": cfg.enable_prefix_caching,
              "enable_chunked_prefill": cfg.enable_chunked_prefill}

@@ -48,7 +48,7 @@ def decode_steps(engine, batch_size: int, input_len: int, num_steps: int, rng) -
     """batch_size sequences in decode together; times num_steps pure-decode steps (after the prefill)."""
     from pagedcore.sampling_params import SamplingParams
 
-    vocab = engine.model_config.vocab_size
+    vocab = engine.view.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=num_steps + 8, ignore_eos=True)
     ids = [f"decode-{batch_size}-{i}" for i in range(batch_size)]
     for rid in ids:
@@ -82,7 +82,7 @@ def decode_steps(engine, batch_size: int, input_len: int, num_steps: int, rng) -
 
 def cmd_latency(args) -> int:
     engine, setup = build_engine(args)
-    mc = engine.model_config
+    mc = engine.view.model_config
     rng = np.random.default_rng(args.seed_workload)
     warm_up(engine, mc.vocab_size)
     prompt = _prompt(rng, args.input_len, mc.vocab_size)

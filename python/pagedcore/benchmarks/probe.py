@@ -18,7 +18,7 @@ import time
 
 from torch import nn
 
-from pagedcore import kernels
+from pagedcore.ops import attention as kernels
 
 _KERNELS = ("paged_attention", "reshape_and_cache")
 
@@ -67,7 +67,7 @@ class StepProbe:
 
     # -- install / remove --------------------------------------------------------------------------
     def __enter__(self) -> StepProbe:
-        model = self.engine.runner.model
+        model = self.engine.view.model
 
         def pre(_mod, _inputs):
             self._t_model = time.perf_counter()
@@ -90,20 +90,20 @@ class StepProbe:
                 if isinstance(module, MergedLinear):  # gate/up runs through forward_silu_mul, not forward
                     module.forward_silu_mul = self._timed("linears", module.forward_silu_mul)
                     self._silu_mul_modules.append(module)
-        self.engine.step_listeners.append(self._listener)
+        self.engine.view.add_step_listener(self._listener)
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        model = self.engine.runner.model
+        model = self.engine.view.model
         model.__dict__.pop("compute_logits", None)   # the class method shows through again
         for module in getattr(self, "_silu_mul_modules", []):
             module.__dict__.pop("forward_silu_mul", None)
         for name in _KERNELS:
             setattr(kernels, name, self._originals[name])
-        self.engine.step_listeners.remove(self._listener)
+        self.engine.view.remove_step_listener(self._listener)
 
     def take(self) -> list[dict]:
         """Returns the records so far and starts a new list."""

@@ -30,10 +30,10 @@ def run_workload(engine, requests, probe_ops: bool = False) -> dict:
             for out in engine.step():
                 if out.finished:
                     outputs[out.request_id] = out
-            peak_kv_usage = max(peak_kv_usage, engine.scheduler.stats().kv_cache_usage)
+            peak_kv_usage = max(peak_kv_usage, engine.view.scheduler_stats().kv_cache_usage)
         wall = time.perf_counter() - t0
         records = probe.take()
-    sched = engine.scheduler.stats()
+    sched = engine.view.scheduler_stats()
     num_output = sum(len(o.token_ids) for out in outputs.values() for o in out.outputs)
     num_prompt = sum(r.prompt_len for r in requests)
     return {"wall_seconds": wall, "num_requests": len(requests), "prompt_tokens": num_prompt,
@@ -76,12 +76,13 @@ def tail_summary(records: list[dict], wall: float, few: int = 8) -> dict:
 
 def cmd_throughput(args) -> int:
     engine, setup = build_engine(args)
-    mc = engine.model_config
+    mc = engine.view.model_config
     requests = workloads.make_workload(args.workload, mc.vocab_size, args.num_prompts, args.seed_workload,
                                        args.workload_file, **workload_lengths(args))
-    too_long = [r for r in requests if r.prompt_len + r.max_tokens > engine.config.max_model_len]
+    max_model_len = engine.view.config.max_model_len
+    too_long = [r for r in requests if r.prompt_len + r.max_tokens > max_model_len]
     if too_long:
-        raise ValueError(f"{len(too_long)} request(s) need more than max_model_len={engine.config.max_model_len} "
+        raise ValueError(f"{len(too_long)} request(s) need more than max_model_len={max_model_len} "
                          "tokens; raise --max-model-len or shorten the workload")
     warm_up(engine, mc.vocab_size)
     runs = [run_workload(engine, requests, args.profile_ops) for _ in range(max(1, args.num_runs))]

@@ -1,7 +1,9 @@
-"""LLMEngine: add / step / abort around the C++ scheduler, the model runner and the sampler.
+"""LLMEngine: add / step / abort around the C++ scheduler, a worker and the sampler.
 
-One step:  scheduler.schedule() -> runner.execute() -> sampler -> scheduler.update() -> outputs.
-Not thread-safe: one thread drives it (the async engine serialises adds and aborts onto that thread).
+One step:  scheduler.schedule() -> worker.execute_step() -> sampler -> scheduler.update() -> outputs.
+Request state lives in a RequestRegistry; readers (servers, benchmarks, the trace recorder) use
+`engine.view`. Not thread-safe: one thread drives it (the async engine serialises adds and aborts
+onto that thread).
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import torch
 from pagedcore import _core
 from pagedcore.config import EngineConfig
 from pagedcore.engine import kv_cache as kvc
-from pagedcore.engine.model_runner import ModelRunner
 from pagedcore.engine.output_processor import OutputProcessor
-from pagedcore.engine.request_state import OUTPUT_KINDS, RequestState, SequenceState
+from pagedcore.engine.request_registry import RequestRegistry
+from pagedcore.engine.request_state import OUTPUT_KINDS
+from pagedcore.engine.step_input import StepInput
+from pagedcore.engine.view import EngineView
+from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
-from pagedcore.sampler import Sampler
-from pagedcore.sampling.metadata import make_generator
+from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import SamplingParams
+from pagedcore.structured_output.compiler import GrammarCache
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +52,18 @@ class LLMEngine:
 
         spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)
         on_gpu = torch.device(config.device).type == "cuda"
-        if on_gpu:
-            loaded.model.to(config.device)
+        self.worker = worker = InProcessWorker(loaded.model, config.device)
+        worker.load_model()
         budget = None
         if config.num_gpu_blocks_override:
             num_blocks = config.num_gpu_blocks_override
+        elif on_gpu:
+            shape = kvc.ProfileShape.largest_step(config)
+            profile = worker.profile_memory(spec, shape)
+            budget = kvc.gpu_kv_cache_budget(config, profile.total_bytes, profile.peak_bytes, shape)
         else:
-            budget = (kvc.gpu_kv_cache_budget(config, spec, loaded.model) if on_gpu
-                      else kvc.cpu_kv_cache_budget(config, spec))
+            budget = kvc.cpu_kv_cache_budget(config, spec)
+        if budget is not None:
             num_blocks = kvc.num_blocks_for(spec, budget)
             if num_blocks * config.block_size < config.max_model_len:
                 raise ValueError(
@@ -68,9 +77,7 @@ class LLMEngine:
         self.kv_cache_spec = spec
         self.kv_cache_description = kvc.describe(spec, num_blocks, budget)
         logger.info(self.kv_cache_description)
-        kv_cache = kvc.allocate(spec, num_blocks, config.device)
-        # Pinned on a GPU machine, so swaps are asynchronous copies.
-        cpu_kv_cache = kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=on_gpu) if num_cpu_blocks else None
+        worker.init_kv_cache(spec, num_blocks, num_cpu_blocks)
 
         self.scheduler = _core.Scheduler(_core.SchedulerConfig(
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
@@ -82,14 +89,16 @@ class LLMEngine:
             policy=(_core.SchedulingPolicy.PRIORITY if config.scheduling_policy == "priority"
                     else _core.SchedulingPolicy.FCFS),
             enable_trace=config.enable_trace))
-        self.runner = ModelRunner(loaded.model, kv_cache, cpu_kv_cache, config.device)
         self.sampler = Sampler()
-        self.output_processor = OutputProcessor(self)
-        self.requests: dict[str, RequestState] = {}
-        self.seqs: dict[int, SequenceState] = {}
-        self._seq_ids = itertools.count()
+        # Structured output: constraints compile here (front ends first, to refuse bad ones with a 400).
+        self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self.eos_token_ids)
+        self.registry = RequestRegistry(self.tokenizer, config.device)
+        self.output_processor = OutputProcessor(self.registry, self.scheduler, self.sampler, self.tokenizer,
+                                                mc.vocab_size, self.eos_token_ids)
         self._prompt_logprob_salts = itertools.count(1)
-        self.step_listeners = []      # callables(step_record) when tracing (the live simulator)
+        self.step_listeners = []      # callables(out, result, timing) after each step (tracer, probes)
+        self.last_step_timing: dict | None = None
+        self.view = EngineView(self)
         self.startup_seconds = time.perf_counter() - t0
 
     # -- requests ----------------------------------------------------------------------------------
@@ -98,7 +107,7 @@ class LLMEngine:
                     priority: int = 0, output_kind: str = "cumulative") -> None:
         """Queues one request. Raises ValueError, naming the fix, for anything that could never run."""
         params = params or SamplingParams()
-        if request_id in self.requests:
+        if request_id in self.registry:
             raise ValueError(f"request id {request_id!r} is already in use")
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
@@ -120,59 +129,38 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(prompt_token_ids)} tokens but max_model_len is {max_model_len}, "
                              f"which leaves no room to generate; shorten the prompt or raise --max-model-len")
         max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_token_ids)
+        # Compiled before anything is queued (a bad constraint raises ValueError); cached by constraint.
+        grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
         now = time.time()
-        req = RequestState(request_id, prompt, prompt_token_ids, params,
-                           RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now,
-                                          num_samples=params.n),
-                           output_kind=output_kind, needs_fork=params.n > 1)
-        seq = self._new_seq(req, 0, params)
+        metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now, num_samples=params.n)
+        req = self.registry.new_request(request_id, prompt, prompt_token_ids, params, metrics, output_kind,
+                                        grammar=grammar)
+        seq = req.seqs[0]
         # A request that wants prompt logprobs must compute every prompt row: a salt keeps it off the cache.
-        extra_key = next(self._prompt_logprob_salts) if params.prompt_logprobs is not None else 0
+        cache_salt = next(self._prompt_logprob_salts) if params.prompt_logprobs is not None else 0
         eos = [] if params.ignore_eos else self.eos_token_ids
         self.scheduler.add_sequence(
             seq.seq_id, np.asarray(prompt_token_ids, dtype=np.int64), max_tokens=max_tokens,
             min_tokens=params.min_tokens, ignore_eos=params.ignore_eos, eos_token_ids=eos,
-            stop_token_ids=params.stop_token_ids or [], priority=priority, extra_key=extra_key)
-        self.requests[request_id] = req
-        self.seqs[seq.seq_id] = seq
-        self.output_processor.unscheduled.add(request_id)
-        if params.prompt_logprobs is not None:
-            req.prompt_logprobs = [None]            # nothing predicts the first prompt token
-            self.output_processor.prompt_logprob_seqs[seq.seq_id] = seq
-
-    def _new_seq(self, req: RequestState, index: int, params: SamplingParams) -> SequenceState:
-        seq = SequenceState(
-            seq_id=next(self._seq_ids), index=index, request=req, params=params,
-            generator=make_generator(params, self.config.device),
-            detokenizer=self.output_processor.make_detokenizer(req, params),
-            stop_checker=self.output_processor.make_stop_checker(params),
-            logprobs=[] if params.logprobs is not None else None,
-            cumulative_logprob=0.0 if params.logprobs is not None else None)
-        req.seqs.append(seq)
-        return seq
+            stop_token_ids=params.stop_token_ids or [], priority=priority, cache_salt=cache_salt)
+        self.registry.add(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Ends a request at once and frees its blocks; returns its final output (None if unknown)."""
-        req = self.requests.pop(request_id, None)
+        req = self.registry.abort(request_id)
         if req is None:
             return None
-        req.needs_fork = False
-        self.output_processor.unscheduled.discard(request_id)
         for seq in req.seqs:
             self.scheduler.abort_sequence(seq.seq_id)
-            self.seqs.pop(seq.seq_id, None)
-            self.output_processor.prompt_logprob_seqs.pop(seq.seq_id, None)
-            if not seq.finished:
-                seq.finish_reason = "abort"
         req.metrics.on_finished(time.time())
         return req.make_output()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return len(self.registry) > 0
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self.requests)
+        return len(self.registry)
 
     # -- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -191,10 +179,10 @@ class LLMEngine:
         self.output_processor.mark_scheduled(out, time.time())
         t_scheduled = time.perf_counter()
         extra_rows = self.output_processor.prompt_logprob_rows(out)
-        logits = self.runner.execute(out, extra_rows)
+        logits = self.worker.execute_step(StepInput.from_scheduler_output(out, extra_rows))
         t_forward = time.perf_counter()
         num_samples = len(out.sample_seq_ids)
-        rows = [self.seqs[sid] for sid in out.sample_seq_ids.tolist()]
+        rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
         # n > 1: the first sample of such a request draws its row n times, once per child.
         fork_rows, forks = self.output_processor.expand_forks(rows)
         sampled, sampler_output, _ = self.output_processor.sample(logits[:num_samples], rows, fork_rows)

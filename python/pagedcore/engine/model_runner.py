@@ -1,6 +1,6 @@
-"""ModelRunner: one SchedulerOutput in, the logits of its sampled rows out.
+"""ModelRunner: one StepInput in, the logits of its sampled rows out.
 
-The scheduler's arrays are wrapped with torch.from_numpy (no copies, no per-token Python); block
+The step's arrays are wrapped with torch.from_numpy (no copies, no per-token Python); block
 moves run in the order the scheduler promised: swap out, swap in, then copy-on-write copies.
 """
 
@@ -9,37 +9,44 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pagedcore import kernels
+from pagedcore.engine.step_input import StepInput
+from pagedcore.ops import attention as kernels
 from pagedcore.layers.attention import AttentionMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, model: torch.nn.Module, device: torch.device | str = "cpu"):
         self.model = model
-        self.kv_cache = kv_cache            # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
-        self.cpu_kv_cache = cpu_kv_cache    # same layout, the swap pool's blocks; None without swap space
         self.device = torch.device(device)
+        # Set by bind_kv_cache once the cache is sized (the sizing runs profile_forward first).
+        self.kv_cache: torch.Tensor | None = None      # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
+        self.cpu_kv_cache: torch.Tensor | None = None  # same layout, the swap pool's blocks; None without swap space
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None) -> None:
+        self.kv_cache = kv_cache
+        self.cpu_kv_cache = cpu_kv_cache
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
-    def move_blocks(self, out) -> None:
-        if len(out.blocks_to_swap_out):
-            kernels.swap_blocks(self.kv_cache, self.cpu_kv_cache, torch.from_numpy(out.blocks_to_swap_out))
-        if len(out.blocks_to_swap_in):
-            kernels.swap_blocks(self.cpu_kv_cache, self.kv_cache, torch.from_numpy(out.blocks_to_swap_in))
-        if len(out.blocks_to_copy):
+    def move_blocks(self, step: StepInput) -> None:
+        if len(step.blocks_to_swap_out):
+            kernels.swap_blocks(self.kv_cache, self.cpu_kv_cache, torch.from_numpy(step.blocks_to_swap_out))
+        if len(step.blocks_to_swap_in):
+            kernels.swap_blocks(self.cpu_kv_cache, self.kv_cache, torch.from_numpy(step.blocks_to_swap_in))
+        if len(step.blocks_to_copy):
             # On the host: the copy kernels check the ids and order dependent rows there.
-            kernels.copy_blocks(self.kv_cache, torch.from_numpy(out.blocks_to_copy))
+            kernels.copy_blocks(self.kv_cache, torch.from_numpy(step.blocks_to_copy))
 
     @torch.inference_mode()
-    def profile_forward(self, num_tokens: int, num_seqs: int, seq_len: int, num_logits_rows: int) -> None:
+    def profile_forward(self, scratch_kv_cache: torch.Tensor, num_tokens: int, num_seqs: int, seq_len: int,
+                        num_logits_rows: int) -> None:
         """A dummy forward of the largest step (num_seqs sequences of seq_len tokens, num_tokens in all)
-        through a scratch KV cache, then logits for num_logits_rows rows: its peak memory is what
-        the KV cache must leave free. Caller provides a kv_cache big enough for the blocks used."""
-        block_size = self.kv_cache.shape[4]
+        through scratch_kv_cache (the KV cache layout, blocks enough for num_seqs * ceil(seq_len /
+        block_size)), then logits for num_logits_rows rows: its peak memory is what the KV cache
+        must leave free."""
+        block_size = scratch_kv_cache.shape[4]
         blocks_per_seq = -(-seq_len // block_size)
         positions = torch.arange(seq_len).repeat(num_seqs)[:num_tokens]                  # [num_tokens]
         seq_of_token = torch.arange(num_seqs).repeat_interleave(seq_len)[:num_tokens]    # [num_tokens]
@@ -54,33 +61,31 @@ class ModelRunner:
             seq_lens=lens.to(self.device), query_start_loc=query_start_loc.to(self.device),
             max_query_len=int(lens.max()), max_seq_len=int(lens.max()))
         input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, positions.to(self.device), self.kv_cache, attn_metadata)
+        hidden = self.model(input_ids, positions.to(self.device), scratch_kv_cache, attn_metadata)
         self.model.compute_logits(hidden[:num_logits_rows])
 
     @torch.inference_mode()
-    def execute(self, out, extra_logits_rows: np.ndarray | None = None) -> torch.Tensor:
-        """Runs the forward of one step. Returns fp32 logits [num_samples (+ extra rows), vocab]:
-        the rows of out.logits_indices, then extra_logits_rows (prompt-logprob rows) if given."""
-        self.move_blocks(out)
-        if out.num_tokens == 0:
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Runs the forward of one step. Returns fp32 logits [num_logits_rows, vocab], the rows of
+        step.logits_indices (sampled rows, then prompt-logprob rows)."""
+        self.move_blocks(step)
+        if step.num_tokens == 0:
             return torch.empty(0, 0)
         attn_metadata = AttentionMetadata(
-            slot_mapping=self._tensor(out.slot_mapping),        # int64 [num_tokens]
-            block_tables=self._tensor(out.block_tables),        # int32 [num_seqs, max_blocks]
-            seq_lens=self._tensor(out.seq_lens),                # int32 [num_seqs]
-            query_start_loc=self._tensor(out.query_start_loc),  # int32 [num_seqs + 1]
-            max_query_len=out.max_query_len,
-            max_seq_len=out.max_seq_len,
+            slot_mapping=self._tensor(step.slot_mapping),        # int64 [num_tokens]
+            block_tables=self._tensor(step.block_tables),        # int32 [num_seqs, max_blocks]
+            seq_lens=self._tensor(step.seq_lens),                # int32 [num_seqs]
+            query_start_loc=self._tensor(step.query_start_loc),  # int32 [num_seqs + 1]
+            max_query_len=step.max_query_len,
+            max_seq_len=step.max_seq_len,
         )
-        hidden = self.model(self._tensor(out.input_ids), self._tensor(out.positions), self.kv_cache,
-                            attn_metadata)                      # [num_tokens, hidden]
-        rows = out.logits_indices
-        if extra_logits_rows is not None and len(extra_logits_rows):
-            rows = np.concatenate([rows, extra_logits_rows])
+        hidden = self.model(self._tensor(step.input_ids), self._tensor(step.positions), self.kv_cache,
+                            attn_metadata)                       # [num_tokens, hidden]
+        rows = step.logits_indices                               # int64 [num_logits_rows]
         if len(rows) == 0:
             return torch.empty(0, 0)
-        if len(rows) == out.num_tokens and rows[0] == 0 and rows[-1] == out.num_tokens - 1 \
-                and np.array_equal(rows, np.arange(out.num_tokens)):
+        if len(rows) == step.num_tokens and rows[0] == 0 and rows[-1] == step.num_tokens - 1 \
+                and np.array_equal(rows, np.arange(step.num_tokens)):
             sampled_hidden = hidden                             # all-decode step: no gather needed
         else:
             sampled_hidden = hidden.index_select(0, self._tensor(rows))  # [num_rows, hidden]

@@ -1,26 +1,34 @@
 """OutputProcessor: what the engine does with one step's logits besides the forward.
 
-Sampling (with an argmax fast path), n > 1 fan-out, prompt logprobs, and turning sampled tokens
-into text, stop-string matches, logprobs and RequestOutputs.
+Sampling (with an argmax fast path), n > 1 fan-out, prompt logprobs, grammar masks of constrained
+rows (structured output), and turning sampled tokens into text, stop-string matches, grammar
+advances, logprobs and RequestOutputs. A stage of the step loop: it gets the registry, the
+scheduler and the sampler it works with, and changes requests only through the registry.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pagedcore import _core
-from pagedcore.detokenizer import IncrementalDetokenizer, StopStringChecker
 from pagedcore.outputs import RequestOutput
+from pagedcore.sampling.grammar_mask import apply_grammar_bitmask_
 from pagedcore.sampling.logprobs import gather_logprobs, logprob_dicts
 from pagedcore.sampling.metadata import SamplingMetadata
+from pagedcore.structured_output.bitmask import GrammarBitmask
 
 if TYPE_CHECKING:
-    from pagedcore.engine.llm_engine import LLMEngine
+    from pagedcore.engine.request_registry import RequestRegistry
     from pagedcore.engine.request_state import RequestState, SequenceState
+    from pagedcore.sampling.sampler import Sampler
+
+logger = logging.getLogger(__name__)
 
 _STOP = int(_core.FinishReason.STOP.value)
 _LENGTH = int(_core.FinishReason.LENGTH.value)
@@ -33,25 +41,16 @@ def _plain_greedy(params) -> bool:
 
 
 class OutputProcessor:
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.vocab_size = engine.model_config.vocab_size
-        self.prompt_logprob_seqs: dict[int, SequenceState] = {}   # seq id -> seq still owed prompt logprobs
+    def __init__(self, registry: RequestRegistry, scheduler: _core.Scheduler, sampler: Sampler, tokenizer,
+                 vocab_size: int, eos_token_ids: Sequence[int]):
+        self.registry = registry
+        self.scheduler = scheduler          # asked for cached-token counts; told of stop-string matches
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
         self._pending_prompt_rows: list[tuple[SequenceState, int, int]] = []
-        self.unscheduled: set[str] = set()                          # request ids never scheduled yet
-
-    # -- per-sequence helpers -----------------------------------------------------------------------
-    def make_detokenizer(self, req: RequestState, params) -> IncrementalDetokenizer | None:
-        if not params.detokenize or self.tokenizer is None:
-            return None
-        return IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
-                                      skip_special_tokens=params.skip_special_tokens,
-                                      spaces_between_special_tokens=params.spaces_between_special_tokens)
-
-    @staticmethod
-    def make_stop_checker(params) -> StopStringChecker | None:
-        return StopStringChecker(params.stop, params.include_stop_str_in_output) if params.stop else None
+        self.grammar_bitmask = GrammarBitmask(vocab_size)
 
     def decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
@@ -60,12 +59,13 @@ class OutputProcessor:
     def prompt_logprob_rows(self, out) -> np.ndarray | None:
         """Extra logit rows for this step's prompt positions of requests that asked for prompt logprobs."""
         self._pending_prompt_rows = []
-        if not self.prompt_logprob_seqs:
+        owed = self.registry.owed_prompt_logprobs
+        if not owed:
             return None
         rows = []
         qsl, computed, scheduled = out.query_start_loc, out.num_computed_tokens, out.num_scheduled_tokens
         for i, sid in enumerate(out.seq_ids.tolist()):
-            seq = self.prompt_logprob_seqs.get(sid)
+            seq = owed.get(sid)
             if seq is None:
                 continue
             c = int(computed[i])
@@ -88,7 +88,7 @@ class OutputProcessor:
             ids, values, ranks = gather_logprobs(chunk.float().log_softmax(-1), targets, n)
             req.prompt_logprobs.extend(logprob_dicts(ids, values, ranks, [n] * (hi - lo), self.decode_token))
             if len(req.prompt_logprobs) == len(req.prompt_token_ids):
-                self.prompt_logprob_seqs.pop(seq.seq_id, None)
+                self.registry.prompt_logprobs_done(seq.seq_id)
 
     # -- sampling ----------------------------------------------------------------------------------
     def expand_forks(self, rows: list[SequenceState]):
@@ -99,8 +99,7 @@ class OutputProcessor:
             if not req.needs_fork:
                 continue
             for index in range(1, req.params.n):
-                child = self.engine._new_seq(req, index, req.params.child_params(index))
-                self.engine.seqs[child.seq_id] = child
+                child = self.registry.add_sample(req, index, req.params.child_params(index))
                 fork_rows.append(child)
                 forks.append((seq.seq_id, child))
             req.needs_fork = False
@@ -115,39 +114,53 @@ class OutputProcessor:
             parent_row = {s.seq_id: i for i, s in enumerate(rows)}
             index = list(range(len(rows))) + [parent_row[self._parent_of(c)] for c in fork_rows]
             logits = logits.index_select(0, torch.as_tensor(index, device=logits.device))  # [samples + forks, vocab]
+        if self.registry.num_constrained:
+            self._mask_grammar(logits, all_rows)
         if all(_plain_greedy(s.params) for s in all_rows):
             return logits.argmax(dim=-1).cpu().numpy(), None, logits
         md = SamplingMetadata.from_requests(
             [s.params for s in all_rows], vocab_size=logits.shape[1],
-            eos_token_ids=self.engine.eos_token_ids,
+            eos_token_ids=self.eos_token_ids,
             prompt_token_ids=[s.request.prompt_token_ids for s in all_rows],
             output_token_ids=[s.output_token_ids for s in all_rows],
             generators=[s.generator for s in all_rows],
             num_output_tokens=[len(s.output_token_ids) for s in all_rows], device=logits.device)
-        sampler_output = self.engine.sampler(logits, md)
+        sampler_output = self.sampler(logits, md)
         return sampler_output.sampled_token_ids.cpu().numpy(), sampler_output, logits
 
     def _parent_of(self, child: SequenceState) -> int:
         return child.request.seqs[0].seq_id
 
+    def _mask_grammar(self, logits: torch.Tensor, rows: list[SequenceState]) -> None:
+        """Forbidden tokens of every constrained row -> -inf: one batched fill, one in-place apply."""
+        row_ids = [i for i, s in enumerate(rows) if s.grammar is not None and not s.grammar.is_terminated()]
+        if not row_ids:
+            return
+        bitmask = self.grammar_bitmask.fill(len(rows), row_ids, [rows[i].grammar for i in row_ids])
+        apply_grammar_bitmask_(logits, bitmask, row_ids)
+
+    @staticmethod
+    def _advance_grammar(seq: SequenceState, token: int) -> bool:
+        """Feeds the sampled token to the sequence's matcher; True when the grammar is done with it."""
+        if not seq.grammar.accept_token(token):
+            # Only when something after the mask forbade every allowed token (min_tokens banning the
+            # EOS a finished grammar needs): the constraint cannot hold any more, so end here.
+            logger.warning("request %s: token %d breaks its grammar; ending the sequence",
+                           seq.request.request_id, token)
+            return True
+        return seq.grammar.is_terminated()
+
     # -- outputs -----------------------------------------------------------------------------------
     def mark_scheduled(self, out, now: float) -> None:
         """Queue time ends when a request is first scheduled (stamped before its forward runs)."""
-        if not self.unscheduled:
-            return
-        engine = self.engine
-        for sid in out.seq_ids.tolist():
-            seq = engine.seqs.get(sid)
-            if seq is not None and seq.request.request_id in self.unscheduled:
-                self.unscheduled.discard(seq.request.request_id)
-                seq.request.metrics.on_scheduled(now)
-                info = engine.scheduler.get_sequence(sid)
-                seq.request.metrics.num_cached_tokens = max(0, info.num_cached_tokens) if info else 0
+        for seq in self.registry.take_first_scheduled(out.seq_ids):
+            seq.request.metrics.on_scheduled(now)
+            info = self.scheduler.get_sequence(seq.seq_id)
+            seq.request.metrics.num_cached_tokens = max(0, info.num_cached_tokens) if info else 0
 
     def process(self, out, all_rows: list[SequenceState], sampled: np.ndarray, sampler_output,
                 result) -> list[RequestOutput]:
         now = time.time()
-        engine = self.engine
         finished = {}
         if len(result.finished_seq_ids):
             finished = dict(zip(result.finished_seq_ids.tolist(),
@@ -160,36 +173,43 @@ class OutputProcessor:
         touched: dict[str, RequestState] = {}
         tokens_per_request: dict[str, int] = {}
         tokens = sampled.tolist()
+        constrained = self.registry.num_constrained > 0
         for j, seq in enumerate(all_rows):
             token = tokens[j]
             req = seq.request
             seq.output_token_ids.append(token)
+            # A finished grammar ends the sequence here, as a stop string does (the scheduler is told below).
+            grammar_done = constrained and seq.grammar is not None and self._advance_grammar(seq, token)
             if dicts is not None and dicts[j] is not None:
                 seq.logprobs.append(dicts[j])
                 seq.cumulative_logprob += dicts[j][token].logprob
             fin = finished.get(seq.seq_id)
             stopped_by_token = fin is not None and fin[0] == _STOP
+            ends = fin is not None or grammar_done
             matched = None
             if seq.detokenizer is not None:
                 # A stop token's own text is left out unless asked for (vLLM's behaviour).
                 hide = stopped_by_token and not seq.params.include_stop_str_in_output
                 delta = "" if hide else seq.detokenizer.add_tokens([token])
-                if fin is not None:
+                if ends:
                     delta += seq.detokenizer.flush()
                 if seq.stop_checker is not None:
                     delta = seq.stop_checker.feed(delta)
                     matched = seq.stop_checker.stop_reason
-                    if fin is not None and matched is None:
+                    if ends and matched is None:
                         delta += seq.stop_checker.flush()   # held back for a stop string that never came
                 seq.text += delta
             if matched is not None:
                 if fin is None:
-                    engine.scheduler.abort_sequence(seq.seq_id)
+                    self.scheduler.abort_sequence(seq.seq_id)
                 seq.finish_reason, seq.stop_reason = "stop", matched
             elif fin is not None:
                 seq.finish_reason = "stop" if stopped_by_token else "length"
                 if stopped_by_token and token in (seq.params.stop_token_ids or ()):
                     seq.stop_reason = token
+            elif grammar_done:
+                self.scheduler.abort_sequence(seq.seq_id)
+                seq.finish_reason = "stop"
             touched[req.request_id] = req
             tokens_per_request[req.request_id] = tokens_per_request.get(req.request_id, 0) + 1
         outputs = []
@@ -197,10 +217,7 @@ class OutputProcessor:
             req.metrics.on_tokens(now, tokens_per_request[req.request_id])
             if req.finished:
                 req.metrics.on_finished(now)
-                engine.requests.pop(req.request_id, None)
-                for seq in req.seqs:
-                    engine.seqs.pop(seq.seq_id, None)
-                    self.prompt_logprob_seqs.pop(seq.seq_id, None)
+                self.registry.finish(req.request_id)
                 outputs.append(req.make_output())
             elif req.output_kind != "final":
                 outputs.append(req.make_output())

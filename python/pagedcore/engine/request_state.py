@@ -1,7 +1,7 @@
 """The engine's Python-side state of a request and of each of its samples (sequences).
 
 The C++ scheduler owns tokens, blocks and queues; this side owns what only Python needs: the
-sampling params and generator, detokenized text, stop strings, logprobs and timings.
+sampling params and generator, detokenized text, stop strings, grammar matchers, logprobs and timings.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class SequenceState:
     generator: torch.Generator | None           # the sample's own generator when seeded
     detokenizer: object | None                  # IncrementalDetokenizer, None when detokenize=False
     stop_checker: object | None                 # StopStringChecker, None without stop strings
+    grammar: object | None = None               # xgrammar GrammarMatcher of a constrained sample, else None
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: SampleLogprobs | None = None
@@ -72,6 +73,7 @@ class RequestState:
     prompt_logprobs: PromptLogprobs | None = None
     prompt_logprobs_sent: bool = False
     needs_fork: bool = False                                  # n > 1 and the first token not yet sampled
+    grammar: object | None = None                             # the compiled constraint (structured output)
 
     @property
     def finished(self) -> bool:

@@ -36,7 +36,7 @@ class LLM:
         return llm
 
     def get_tokenizer(self):
-        return self.llm_engine.tokenizer
+        return self.llm_engine.view.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -85,7 +85,7 @@ class LLM:
     def apply_chat_template(self, conversation, chat_template: str | None = None,
                             add_generation_prompt: bool = True) -> list[int]:
         tokenizer = self.get_tokenizer()
-        template = chat_template or self.llm_engine.loaded.chat_template or getattr(tokenizer, "chat_template", None)
+        template = chat_template or self.llm_engine.view.chat_template or getattr(tokenizer, "chat_template", None)
         if template is None:
             raise ValueError("this model has no chat template; pass chat_template=... (a Jinja template)")
         text = tokenizer.apply_chat_template(list(conversation), chat_template=template, tokenize=False,

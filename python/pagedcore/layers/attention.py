@@ -1,7 +1,7 @@
 """Paged attention as a layer: write this step's K/V into the paged cache, attend over it.
 
 AttentionMetadata is what the model runner builds once per step and every layer reads. The
-kernels (pagedcore.kernels) do the work; this layer only arranges views and the output buffer.
+ops (pagedcore.ops.attention) do the work; this layer only arranges views and the output buffer.
 
 Slot of the token at position p of a sequence (block_size B):
     slot = block_table[p // B] * B + p % B
@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from pagedcore import kernels
+from pagedcore.ops import attention as attention_ops
 
 
 @dataclasses.dataclass
@@ -49,7 +49,7 @@ class Attention(nn.Module):
         """query [num_tokens, num_heads, head_dim]; key, value [num_tokens, num_kv_heads, head_dim]
         (views of the fused qkv output: any strides, last one 1); key_cache, value_cache
         [num_blocks, num_kv_heads, block_size, head_dim]. Returns [num_tokens, num_heads * head_dim]."""
-        kernels.reshape_and_cache(key, value, key_cache, value_cache, attn_metadata.slot_mapping)
+        attention_ops.reshape_and_cache(key, value, key_cache, value_cache, attn_metadata.slot_mapping)
         num_tokens = query.shape[0]
         out = torch.empty(num_tokens, self.num_heads, self.head_dim,  # [num_tokens, num_heads, head_dim]
                           dtype=query.dtype, device=query.device)
@@ -59,9 +59,9 @@ class Attention(nn.Module):
             query, out_rows = query[:num_actual], out[:num_actual]
         else:
             out_rows = out
-        kernels.paged_attention(out_rows, query, key_cache, value_cache, attn_metadata.block_tables,
-                                attn_metadata.seq_lens, attn_metadata.query_start_loc, self.scale,
-                                attn_metadata.max_query_len, attn_metadata.max_seq_len)
+        attention_ops.paged_attention(out_rows, query, key_cache, value_cache, attn_metadata.block_tables,
+                                      attn_metadata.seq_lens, attn_metadata.query_start_loc, self.scale,
+                                      attn_metadata.max_query_len, attn_metadata.max_seq_len)
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

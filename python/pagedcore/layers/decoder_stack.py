@@ -6,19 +6,24 @@ both). cpp/kernels/decoder_stack.h runs the same ops in the same order and round
 linear kernel, fused RMSNorm and RoPE, reshape_and_cache, paged_attention), one call per step.
 
 The model builds a DecoderStack from its layers' tensors once (weights must stay put: `matches`
-tells when they moved) and calls it for steps of at most `max_rows` tokens.
+tells when they moved) and calls it for steps of at most `max_rows` tokens, but only where
+decoder_stack_support() says the stack runs everything the layers do: the stack reads raw weight
+pointers, so a feature added to the Python layers (an adapter, a weight format, a bias, a module)
+would otherwise be skipped without a word.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
-from pagedcore import kernels_linear
-from pagedcore.layers.attention import AttentionMetadata
-
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+from pagedcore.layers.attention import Attention, AttentionMetadata
+from pagedcore.layers.layernorm import RMSNorm
+from pagedcore.layers.linear import Linear, MergedLinear
+from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
+from pagedcore.ops.linear import max_rows
 
 
 @dataclasses.dataclass
@@ -36,6 +41,125 @@ class LayerTensors:
     down: torch.Tensor  # [hidden, intermediate]
 
 
+# What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
+# Rope scaling of any kind is in: the stack reads the cos/sin rows the Python RotaryEmbedding made.
+STACK_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+# Model dtype -> the one weight format the stack reads at that dtype (dense, its dtype code).
+STACK_WEIGHT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# Every tensor of a decoder layer the stack reads: parameter name -> LayerTensors field. A layer
+# parameter not named here (an o_proj bias, an adapter's matrices) is one the stack would ignore.
+_LAYER_PARAMS = {
+    "input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+    "self_attn.qkv_proj.weight": "qkv", "self_attn.qkv_proj.bias": "qkv_bias", "self_attn.o_proj.weight": "o_proj",
+    "mlp.gate_up_proj.weight": "gate_up", "mlp.down_proj.weight": "down",
+}
+_LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_NORM_LEAVES = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class StackSupport:
+    """Whether the stack runs a model's layers; reason says why not ("" when it does)."""
+
+    supported: bool
+    reason: str = ""
+
+
+def decoder_stack_support(config, layers) -> StackSupport:
+    """Can DecoderStack run these layers (the Llama family's decoder layers, `config` a ModelConfig)
+    exactly as their Python forward does? Rules, in order:
+      switch      PAGEDCORE_DECODER_STACK is not "0"
+      model       an architecture in STACK_ARCHITECTURES; fp32 or bf16; one layer per config layer
+      modules     each layer's leaf modules are exactly the known ones, of exactly their classes
+                  (RMSNorm, Linear, MergedLinear, Attention), q_norm and k_norm both or neither:
+                  a wrapper, adapter or new module is something the stack would skip
+      tensors     the layer's parameters are those in _LAYER_PARAMS (bias on qkv only), no buffers
+      formats     every Linear has the dense method of the model dtype and the layer dtype out
+      constants   norms use config.rms_norm_eps; attention scale and head counts as layer 0's
+      placement   every tensor a contiguous CPU tensor of the model dtype and the expected shape
+    """
+    if os.environ.get("PAGEDCORE_DECODER_STACK", "1") == "0":
+        return StackSupport(False, "turned off by PAGEDCORE_DECODER_STACK=0")
+    if config.architecture not in STACK_ARCHITECTURES:
+        return StackSupport(False, f"architecture {config.architecture} is not one the stack runs "
+                                   f"({sorted(STACK_ARCHITECTURES)})")
+    dtype = config.torch_dtype
+    if dtype not in STACK_WEIGHT_FORMATS:
+        return StackSupport(False, f"dtype {dtype}; the stack runs {sorted(STACK_WEIGHT_FORMATS.values())}")
+    if len(layers) != config.num_layers or not layers:
+        return StackSupport(False, f"{len(layers)} layers for a config of {config.num_layers}")
+    leaf_class = {**dict.fromkeys(_NORM_LEAVES, RMSNorm), "self_attn.attn": Attention,
+                  "self_attn.qkv_proj": MergedLinear, "self_attn.o_proj": Linear,
+                  "mlp.gate_up_proj": MergedLinear, "mlp.down_proj": Linear}
+    scale = layers[0].self_attn.attn.scale
+    tensors = []
+    for index, layer in enumerate(layers):
+        where = f"layer {index}"
+        leaves = {name: module for name, module in layer.named_modules() if not any(module.children())}
+        for name, module in leaves.items():
+            if type(module) is not leaf_class.get(name):
+                return StackSupport(False, f"{where} has {name} ({type(module).__name__}), which the stack "
+                                           "does not run")
+        if ("self_attn.q_norm" in leaves) != ("self_attn.k_norm" in leaves):
+            return StackSupport(False, f"{where} has only one of q_norm and k_norm")
+        extra = [name for name, _ in layer.named_parameters() if name not in _LAYER_PARAMS]
+        extra += [name for name, _ in layer.named_buffers()]
+        if extra:
+            return StackSupport(False, f"{where} has {extra}, which the stack does not read (its tensors: "
+                                       "the norms, qkv weight and bias, o_proj, gate_up and down weights)")
+        for name in _LINEAR_LEAVES:
+            linear = leaves.get(name)
+            if linear is None:
+                return StackSupport(False, f"{where} lacks {name}")
+            if linear.method.format != STACK_WEIGHT_FORMATS[dtype] or linear.out_dtype is not None:
+                return StackSupport(False, f"{where} {name} has weight format {linear.method.format!r} (out dtype "
+                                           f"{linear.out_dtype}); the stack reads {STACK_WEIGHT_FORMATS[dtype]!r}")
+        norm_eps = {leaves[name].eps for name in _NORM_LEAVES if name in leaves}
+        if norm_eps != {config.rms_norm_eps}:
+            return StackSupport(False, f"{where} has RMSNorm eps {sorted(norm_eps)}, not the config's "
+                                       f"{config.rms_norm_eps}")
+        attn = leaves["self_attn.attn"]
+        if (attn.scale, attn.num_heads, attn.num_kv_heads, attn.head_dim) != (
+                scale, config.num_heads, config.num_kv_heads, config.head_dim):
+            return StackSupport(False, f"{where} attention differs from the stack's one shape and scale")
+        tensors.append(layer_tensors(layer))
+    problem = _tensor_problem(tensors, _shapes(config.hidden_size, config.num_heads, config.num_kv_heads,
+                                               config.head_dim, config.intermediate_size), dtype)
+    return StackSupport(False, problem) if problem else StackSupport(True)
+
+
+def layer_tensors(layer) -> LayerTensors:
+    """The tensors the stack reads from one Llama-family decoder layer (None where absent)."""
+    params = dict(layer.named_parameters())
+    return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()})
+
+
+def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+            intermediate_size: int) -> dict[str, tuple[int, ...]]:
+    """LayerTensors field -> the shape the stack reads it with."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    return {"input_norm": (hidden_size,), "post_norm": (hidden_size,), "q_norm": (head_dim,),
+            "k_norm": (head_dim,), "qkv": (q_size + 2 * kv_size, hidden_size),
+            "qkv_bias": (q_size + 2 * kv_size,), "o_proj": (hidden_size, q_size),
+            "gate_up": (2 * intermediate_size, hidden_size), "down": (hidden_size, intermediate_size)}
+
+
+def _tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> str:
+    """Why the stack cannot read these tensors ("" if it can)."""
+    for index, layer in enumerate(layers):
+        for field, shape in shapes.items():
+            t = getattr(layer, field)
+            if t is None:
+                continue
+            if t.shape != shape or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+                return (f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: "
+                        f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {dtype} tensor of shape {shape}")
+        if (layer.q_norm is None) != (layer.k_norm is None):
+            return f"layer {index}: q_norm and k_norm come together"
+    return ""
+
+
 class DecoderStack:
     def __init__(self, layers: list[LayerTensors], *, hidden_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float):
@@ -44,31 +168,17 @@ class DecoderStack:
         dtype = layers[0].qkv.dtype
         if dtype not in _DTYPE_CODE:
             raise TypeError(f"DecoderStack runs fp32 or bf16 weights, not {dtype}")
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        shapes = {"input_norm": (hidden_size,), "post_norm": (hidden_size,), "q_norm": (head_dim,),
-                  "k_norm": (head_dim,), "qkv": (q_size + 2 * kv_size, hidden_size),
-                  "qkv_bias": (q_size + 2 * kv_size,), "o_proj": (hidden_size, q_size),
-                  "gate_up": (2 * intermediate_size, hidden_size), "down": (hidden_size, intermediate_size)}
-        ptrs = []
-        for index, layer in enumerate(layers):
-            row = []
-            for field, shape in shapes.items():
-                t = getattr(layer, field)
-                if t is None:
-                    row.append(0)
-                    continue
-                if t.shape != shape or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
-                    raise ValueError(f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} "
-                                     f"(contiguous: {t.is_contiguous()}); DecoderStack needs a contiguous "
-                                     f"CPU {dtype} tensor of shape {shape}")
-                row.append(t.data_ptr())
-            if (row[2] == 0) != (row[3] == 0):
-                raise ValueError(f"layer {index}: q_norm and k_norm come together")
-            ptrs.append(row)
+        shapes = _shapes(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size)
+        problem = _tensor_problem(layers, shapes, dtype)
+        if problem:
+            raise ValueError(problem)
+        # One row of pointers per layer, in _shapes' field order (the binding's); 0 = absent.
+        ptrs = [[0 if getattr(layer, field) is None else getattr(layer, field).data_ptr() for field in shapes]
+                for layer in layers]
         self.dtype = dtype
         self.hidden_size, self.head_dim, self.num_layers = hidden_size, head_dim, len(layers)
         self.num_kv_heads = num_kv_heads
-        self.max_rows = kernels_linear.max_rows(dtype)
+        self.max_rows = max_rows(dtype)
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,

@@ -1,6 +1,6 @@
 """RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
 
-2-D CPU inputs run one fused kernel call (pagedcore.kernels_linear.rms_norm: add, normalise, scale
+2-D CPU inputs run one fused kernel call (pagedcore.ops.elementwise.rms_norm: add, normalise, scale
 in one pass, rounded as the torch ops below); anything else takes the torch ops.
 """
 
@@ -10,9 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedcore import kernels_linear
-
-_KERNEL = kernels_linear.available()
+from pagedcore.ops import elementwise
 
 
 class RMSNorm(nn.Module):
@@ -30,15 +28,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hidden] -> [..., hidden]."""
-        if _KERNEL and x.dim() == 2 and x.is_cpu:
-            return kernels_linear.rms_norm(x, self.weight, self.eps)
+        if x.dim() == 2 and x.is_cpu:
+            return elementwise.rms_norm(x, self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # fp32 [..., hidden]
         return normed.to(x.dtype).mul_(self.weight)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual <- residual + x (in place: the running residual stream, owned by the model);
         returns (norm(residual), residual). Both [num_tokens, hidden]."""
-        if _KERNEL and x.dim() == 2 and x.is_cpu:
-            return kernels_linear.rms_norm(x, self.weight, self.eps, residual), residual
+        if x.dim() == 2 and x.is_cpu:
+            return elementwise.rms_norm(x, self.weight, self.eps, residual), residual
         residual.add_(x)  # HF adds the same two terms; fp addition commutes exactly
         return self.forward(residual), residual

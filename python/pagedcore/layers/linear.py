@@ -3,11 +3,16 @@
 Parameters are allocated with torch.empty: a random init of weights that are overwritten at once
 would cost a second pass over ~0.5 GB (the default model in fp32) for nothing.
 
-Calls with few rows (decode) run pagedcore's own kernel (pagedcore.kernels_linear), which streams
+Calls with few rows (decode) run pagedcore's own kernel (pagedcore.ops.linear), which streams
 the weights at the memory bandwidth where torch's GEMV reaches a third of it; larger calls keep
-torch's GEMM (kernels_linear.max_rows says where the line is), with bf16 weights widened to fp32
+torch's GEMM (linear_ops.max_rows says where the line is), with bf16 weights widened to fp32
 for the call on CPUs without AVX512-BF16, where torch's bf16 GEMM is 5x slower than MKL's fp32 one
-(kernels_linear.torch_linear).
+(linear_ops.torch_linear).
+
+How a layer stores its weight and multiplies by it is a weight format's business: a LinearMethod
+(one per format, chosen by name at load: LINEAR_METHODS) creates the layer's tensors, fills them
+from the checkpoint and computes y. The layers only hold the tensors and forward to their method,
+so the model code builds the same layers whatever the format.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedcore import kernels_linear
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
+from pagedcore.ops import linear as linear_ops
 
 
 class KernelBinding:
@@ -27,8 +32,8 @@ class KernelBinding:
     __slots__ = ("kernel", "max_rows", "silu_mul", "out_dtype")
 
     def __init__(self, weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None):
-        self.kernel: kernels_linear.LinearKernel | None = None
-        self.max_rows = kernels_linear.max_rows(weight.dtype)
+        self.kernel: linear_ops.LinearKernel | None = None
+        self.max_rows = linear_ops.max_rows(weight.dtype)
         self.silu_mul = silu_mul
         self.out_dtype = out_dtype
 
@@ -39,32 +44,129 @@ class KernelBinding:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel = self.kernel
         if kernel is None or x.dtype is not kernel.x_dtype or not kernel.matches(weight):
-            self.max_rows = kernels_linear.max_rows(weight.dtype)
-            kernel = self.kernel = kernels_linear.LinearKernel(
+            self.max_rows = linear_ops.max_rows(weight.dtype)
+            kernel = self.kernel = linear_ops.LinearKernel(
                 weight, bias, silu_mul=self.silu_mul, x_dtype=x.dtype, out_dtype=self.out_dtype)
         return kernel(x)
 
 
-class Linear(nn.Module):
-    """y = x @ W.T (+ b), for inference only."""
+class LinearMethod:
+    """One weight format of linear layers: what tensors a layer holds, how checkpoint tensors fill
+    them, and how y is computed. Methods keep no state (the tensors live on the layer, so
+    module.to() and named_parameters() see them): one instance serves every layer of its format."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+    format: str  # the name LINEAR_METHODS knows it by
+
+    def create_weights(self, layer: Linear, bias: bool) -> None:
+        """Registers the layer's tensors (for layer.in_features -> layer.out_features), uninitialised."""
+        raise NotImplementedError
+
+    def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
+             rows: tuple[int, int] | None) -> None:
+        """Fills the layer's `param_name` ("weight", "bias", or a format's own names) from one
+        checkpoint tensor; rows (first output row, number of rows): one shard of a MergedLinear."""
+        raise NotImplementedError
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> y [..., out] (layer.out_dtype, or x's dtype when that is None)."""
+        raise NotImplementedError
+
+    def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a gate/up layer (gate rows first): [num_tokens, in] -> [num_tokens, out // 2]."""
+        raise NotImplementedError
+
+
+class DenseLinearMethod(LinearMethod):
+    """W stored as used: [out, in] in one float dtype. Few rows run the kernel (KernelBinding),
+    more rows torch's GEMM (see the top of this file)."""
+
+    def __init__(self, format: str, dtype: torch.dtype):
+        self.format = format
+        self.dtype = dtype
+
+    def create_weights(self, layer: Linear, bias: bool) -> None:
+        layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=self.dtype),
+                                    requires_grad=False)  # [out, in]
+        layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=self.dtype), requires_grad=False)
+                      if bias else None)  # [out]
+        layer._kernel = KernelBinding(layer.weight, out_dtype=layer.out_dtype)
+        # Bound lazily by the kernel at first use; only gate/up layers ever call it.
+        layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True)
+
+    def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
+             rows: tuple[int, int] | None) -> None:
+        if param_name not in ("weight", "bias"):
+            raise ValueError(f"checkpoint tensor {name!r}: a {self.format} linear layer holds weight and bias, "
+                             f"not {param_name!r}; is the checkpoint quantised in a format pagedcore lacks?")
+        param = layer.weight if param_name == "weight" else layer.bias
+        if param is None:
+            raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
+                             "check attention_bias in the config")
+        target = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])  # rows: contiguous
+        copy_weight(target, loaded, name)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        kernel = layer._kernel
+        if kernel.takes(x):
+            return kernel(x, layer.weight, layer.bias)  # [num_rows, in] -> [num_rows, out]
+        y = linear_ops.torch_linear(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
+        return y if layer.out_dtype is None else y.to(layer.out_dtype)
+
+    def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        # Few rows: one kernel call, SwiGLU in its epilogue (no [num_tokens, out] intermediate).
+        kernel = layer._silu_mul_kernel
+        if kernel.takes(x):
+            return kernel(x, layer.weight, layer.bias)
+        gate_up = linear_ops.torch_linear(x, layer.weight, layer.bias)  # [num_tokens, out]
+        half = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+
+
+# Weight format name -> its method. The loader picks the name (loader/model_loader.py); the model
+# passes the method to every Linear it builds. A quantised format adds its class and one entry.
+LINEAR_METHODS: dict[str, LinearMethod] = {
+    "float32": DenseLinearMethod("float32", torch.float32),
+    "bfloat16": DenseLinearMethod("bfloat16", torch.bfloat16),
+}
+# Reserved for the quantised formats a later issue adds: int8 weights with one scale per output row,
+# and GGUF's blocks of 32 4-bit weights with a scale (Q4_0) or a scale and a minimum (Q4_1), kept
+# packed instead of dequantised at load. Named here so asking for one says "planned", not "unknown".
+PLANNED_FORMATS = ("int8_per_channel", "gguf_q4_0", "gguf_q4_1")
+
+
+def linear_method(weight_format: str) -> LinearMethod:
+    """The method of a weight format name; raises with the known names otherwise."""
+    method = LINEAR_METHODS.get(weight_format)
+    if method is None:
+        planned = " (planned, not implemented yet)" if weight_format in PLANNED_FORMATS else ""
+        raise ValueError(f"weight format {weight_format!r}{planned} has no linear method; pagedcore runs "
+                         f"{sorted(LINEAR_METHODS)}")
+    return method
+
+
+class Linear(nn.Module):
+    """y = x @ W.T (+ b), for inference only; `method` (the weight format) holds W's layout and
+    the arithmetic, the layer the tensors."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethod,
+                 out_dtype: torch.dtype | None = None):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),  # [out, in]
-                                   requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)  # [out]
-                     if bias else None)
-        self._kernel = KernelBinding(self.weight)
+        self.out_dtype = out_dtype  # None: x's dtype. The LM head asks for fp32 logits straight from the kernel
+        self.method = method
+        method.create_weights(self, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernel.takes(x):
-            return self._kernel(x, self.weight, self.bias)  # [num_rows, in] -> [num_rows, out]
-        return kernels_linear.torch_linear(x, self.weight, self.bias)  # [..., in] -> [..., out]
+        return self.method.apply(self, x)  # [..., in] -> [..., out]
+
+    def load_weight(self, param_name: str, loaded: CheckpointTensor, name: str) -> None:
+        """Fills one of this layer's tensors from the checkpoint tensor `name`."""
+        self.method.load(self, param_name, loaded, name, None)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+        return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
+                f"format={self.method.format}")
 
 
 class MergedLinear(Linear):
@@ -78,30 +180,19 @@ class MergedLinear(Linear):
         shard         shard_ids[0]  shard_ids[1]            ...
     """
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool, dtype: torch.dtype):
-        super().__init__(in_features, sum(shard_sizes.values()), bias, dtype)
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool, method: LinearMethod):
+        super().__init__(in_features, sum(shard_sizes.values()), bias, method)
         self.shard_rows: dict[str, tuple[int, int]] = {}  # shard id -> (first row, number of rows)
         start = 0
         for shard_id, size in shard_sizes.items():
             self.shard_rows[shard_id] = (start, size)
             start += size
-        self._silu_mul_kernel = KernelBinding(self.weight, silu_mul=True)
 
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a gate/up projection (two shards of equal size, gate first):
-        [num_tokens, in] -> [num_tokens, out // 2]. Few rows: one kernel call, SwiGLU in its
-        epilogue (no [num_tokens, out] intermediate); otherwise torch's GEMM, then silu * up."""
-        if self._silu_mul_kernel.takes(x):
-            return self._silu_mul_kernel(x, self.weight, self.bias)
-        gate_up = kernels_linear.torch_linear(x, self.weight, self.bias)  # [num_tokens, out]
-        half = gate_up.shape[-1] // 2
-        return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+        [num_tokens, in] -> [num_tokens, out // 2]; the method may fuse the SwiGLU into its GEMM."""
+        return self.method.apply_silu_mul(self, x)
 
     def load_shard(self, shard_id: str, param_name: str, loaded: CheckpointTensor, name: str) -> None:
-        """Copies one checkpoint tensor (weight [rows, in] or bias [rows]) into its rows."""
-        start, size = self.shard_rows[shard_id]
-        param = self.weight if param_name == "weight" else self.bias
-        if param is None:
-            raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
-                             "check attention_bias in the config")
-        copy_weight(param.data.narrow(0, start, size), loaded, name)  # rows: contiguous
+        """Fills one shard's rows (weight [rows, in], bias [rows]) from one checkpoint tensor."""
+        self.method.load(self, param_name, loaded, name, self.shard_rows[shard_id])

@@ -13,9 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedcore import kernels_linear
-
-_KERNEL = kernels_linear.available()
+from pagedcore.ops import elementwise
 
 
 def inverse_frequencies(head_dim: int, theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -79,10 +77,10 @@ def apply_rotary_emb(x: torch.Tensor, cos_sin: torch.Tensor) -> None:
 
     q and k may be one view of the fused qkv output, so both rotate in one call. The products and
     sums are HF's x * cos + rotate_half(x) * sin term for term, so results are bit-identical to it
-    (on the CPU one fused kernel call, pagedcore.kernels_linear.rotary_embedding; else torch ops).
+    (on the CPU one fused kernel call, pagedcore.ops.elementwise.rotary_embedding; else torch ops).
     """
-    if _KERNEL and x.is_cpu:
-        kernels_linear.rotary_embedding(x, cos_sin)
+    if x.is_cpu:
+        elementwise.rotary_embedding(x, cos_sin)
         return
     half = x.shape[-1] // 2
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [num_tokens, 1, head_dim // 2]

@@ -104,6 +104,13 @@ def config_from_gguf(gguf: GGUFFile, dtype: str) -> ModelConfig:
     )
 
 
+def weight_format(gguf: GGUFFile, config: ModelConfig) -> str:
+    """The linear layers' weight format (a layers.linear.LINEAR_METHODS name). Today every tensor is
+    dequantised to the model dtype at load (GGUFWeight), so it is that dtype's dense format; keeping
+    Q4_0/Q4_1 blocks packed means naming their block format here and loading raw blocks."""
+    return config.dtype
+
+
 def _rope_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any] | None:
     rope_type = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
     if rope_type == "none":

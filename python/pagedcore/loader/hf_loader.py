@@ -108,6 +108,12 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
         raise ModelLoadError(f"{path}: {error}") from None
 
 
+def weight_format(config: ModelConfig) -> str:
+    """The linear layers' weight format (a layers.linear.LINEAR_METHODS name): dense in the dtype
+    asked for. A quantised checkpoint (config.json's quantization_config) would name its own here."""
+    return config.dtype
+
+
 def safetensors_files(folder: str) -> list[str]:
     index_path = os.path.join(folder, _INDEX_FILE)
     if os.path.isfile(index_path):

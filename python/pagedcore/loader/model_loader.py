@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pagedcore.layers.linear import linear_method
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_file import GGUFFile
@@ -49,7 +50,7 @@ def _load_gguf(source: ModelSource, dtype: str, load_tokenizer: bool) -> LoadedM
     timer.lap("metadata")
     tokenizer = tokenizer_from_gguf(source.path, gguf.metadata) if load_tokenizer else None
     timer.lap("tokenizer")
-    model = _build(config, gguf_loader.weights_from_gguf(gguf, config))
+    model = _build(config, gguf_loader.weight_format(gguf, config), gguf_loader.weights_from_gguf(gguf, config))
     timer.lap("weights")
     chat_template = gguf.metadata.get("tokenizer.chat_template")
     return LoadedModel(config, model, tokenizer, {}, chat_template, source, timer.laps)
@@ -63,14 +64,15 @@ def _load_hf(source: ModelSource, dtype: str, load_tokenizer: bool) -> LoadedMod
     timer.lap("metadata")
     tokenizer = tokenizer_from_folder(source.path) if load_tokenizer else None
     timer.lap("tokenizer")
-    model = _build(config, hf_loader.weights_from_safetensors(shards))
+    model = _build(config, hf_loader.weight_format(config), hf_loader.weights_from_safetensors(shards))
     timer.lap("weights")
     chat_template = getattr(tokenizer, "chat_template", None) or hf_loader.read_chat_template(source.path)
     return LoadedModel(config, model, tokenizer, generation_config, chat_template, source, timer.laps)
 
 
-def _build(config: ModelConfig, weights) -> torch.nn.Module:
-    model = model_class(config.architecture)(config)
+def _build(config: ModelConfig, weight_format: str, weights) -> torch.nn.Module:
+    """The model with its linear layers in `weight_format` (a LINEAR_METHODS name), weights loaded."""
+    model = model_class(config.architecture)(config, linear_method(weight_format))
     try:
         with _one_torch_thread():
             model.load_weights(weights)

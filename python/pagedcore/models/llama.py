@@ -3,12 +3,13 @@
 What differs between them is config, not code: GQA (num_kv_heads), q/k/v bias (Qwen2), per-head
 q/k RMSNorm before RoPE (Qwen3), RoPE scaling (Llama 3.1), tied embeddings (SmolLM2, small Qwens).
 Parameter names follow HF (`model.layers.N.self_attn...`) so checkpoints map without a table,
-except the fused projections: q/k/v -> qkv_proj, gate/up -> gate_up_proj.
+except the fused projections: q/k/v -> qkv_proj, gate/up -> gate_up_proj. How linear weights are
+stored (the weight format) is the LinearMethod the loader passes in; this code never asks which.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -16,11 +17,11 @@ from torch import nn
 
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
-from pagedcore import kernels_linear
-from pagedcore.layers.decoder_stack import DecoderStack, LayerTensors
-from pagedcore.layers.linear import KernelBinding
+from pagedcore.layers.decoder_stack import DecoderStack, StackSupport, decoder_stack_support, layer_tensors
+from pagedcore.layers.linear import KernelBinding, LinearMethod, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
+from pagedcore.ops import linear as linear_ops
 
 # Checkpoint projection -> (fused parameter it lands in, shard id inside it).
 _FUSED_SHARDS = {
@@ -34,12 +35,11 @@ _FUSED_SHARDS = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # A GGUF Llama 3 stores its RoPE rescaling as per-frequency divisors; the GGUF loader names it so.
 ROPE_FREQ_FACTORS = "model.rotary_emb.freq_factors"
-# PAGEDCORE_DECODER_STACK=0 keeps small steps on the Python layer loop (benchmarks compare the two).
-_STACK_ENABLED = os.environ.get("PAGEDCORE_DECODER_STACK", "1") != "0"
+logger = logging.getLogger(__name__)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, method: LinearMethod):
         super().__init__()
         dtype = config.torch_dtype
         self.num_heads = config.num_heads
@@ -47,8 +47,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.qkv_proj = MergedLinear(config.hidden_size, {"q": config.q_size, "k": config.kv_size,
                                                           "v": config.kv_size},
-                                     bias=config.attention_bias, dtype=dtype)
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias=False, dtype=dtype)
+                                     bias=config.attention_bias, method=method)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=False, method=method)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.attn = Attention(config.num_heads, config.num_kv_heads, config.head_dim,
@@ -73,12 +73,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, method: LinearMethod):
         super().__init__()
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, bias=False,
-                                         dtype=config.torch_dtype)
-        self.down_proj = Linear(size, config.hidden_size, bias=False, dtype=config.torch_dtype)
+        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, bias=False, method=method)
+        self.down_proj = Linear(size, config.hidden_size, bias=False, method=method)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
@@ -86,12 +85,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, method: LinearMethod):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, method)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, method)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -109,16 +108,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, method: LinearMethod):
         super().__init__()
         dtype = config.torch_dtype
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, method) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                           config.rope_theta, config.rope_scaling, dtype)
         self.config = config
-        self._stack: DecoderStack | None = None  # built at the first small step (weights loaded by then)
+        self._stack: DecoderStack | None = None  # built once the weights are loaded, where supported
+        self._stack_status = StackSupport(False, "the weights are not loaded yet")
+        self._stack_key: tuple | None = None  # where the weights were when _stack_status was decided
+        self._logged_reason: str | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -129,51 +131,72 @@ class LlamaModel(nn.Module):
             # Small steps: every layer in one C++ call (same ops, same rounding; no dispatch between ops).
             hidden, residual = stack(hidden, cos_sin, kv_cache, attn_metadata)
         else:
-            residual = None
-            for index, layer in enumerate(self.layers):
-                layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
-                hidden, residual = layer(hidden, residual, cos_sin, layer_cache[0], layer_cache[1],
-                                         attn_metadata)
+            hidden, residual = self.run_layers(hidden, cos_sin, kv_cache, attn_metadata)
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 
+    def run_layers(self, hidden: torch.Tensor, cos_sin: torch.Tensor, kv_cache: torch.Tensor,
+                   attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Python layer loop: hidden [num_tokens, hidden_size] (the embeddings) -> (the last
+        layer's output, residual), writing this step's K/V into kv_cache."""
+        residual = None
+        for index, layer in enumerate(self.layers):
+            layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+            hidden, residual = layer(hidden, residual, cos_sin, layer_cache[0], layer_cache[1], attn_metadata)
+        return hidden, residual
+
     def _decoder_stack(self) -> DecoderStack | None:
-        """The C++ stack over these layers' weights, built at first use and again if they moved;
-        None where it cannot run them (no kernel, not fp32/bf16, weights off the CPU)."""
-        qkv = self.layers[0].self_attn.qkv_proj.weight
+        """The C++ stack over these layers' weights; None where it does not run them all
+        (decoder_stack_status says why). Decided again when the weights move (model.to())."""
         stack = self._stack
-        if stack is not None and stack.matches(qkv):
+        if stack is not None and stack.matches(self.layers[0].self_attn.qkv_proj.weight):
             return stack
+        if self._stack_key != self._weights_key():
+            self.refresh_decoder_stack()
+        return self._stack
+
+    def _weights_key(self) -> tuple:
+        anchor = self.layers[0].input_layernorm.weight  # every format has it; it moves with the rest
+        return anchor.data_ptr(), anchor.dtype, anchor.device
+
+    @property
+    def decoder_stack_status(self) -> StackSupport:
+        """Whether small steps run the C++ decoder stack, and if not, why (for the weights as they are now)."""
+        self._decoder_stack()
+        return self._stack_status
+
+    def refresh_decoder_stack(self) -> None:
+        """Decides (again) whether the stack runs these layers and builds it if so. Called after
+        loading and when the weights move; a feature that changes the layers in place calls it too.
+        A reason to decline is logged once."""
         self._stack = None
-        if not (_STACK_ENABLED and kernels_linear.available() and qkv.is_cpu
-                and qkv.dtype in (torch.float32, torch.bfloat16)):
-            return None
+        status = self._stack_status = decoder_stack_support(self.config, self.layers)
+        self._stack_key = self._weights_key()
+        if not status.supported:
+            if status.reason != self._logged_reason:
+                logger.info("small steps run the Python layer loop, not the C++ decoder stack: %s", status.reason)
+                self._logged_reason = status.reason
+            return
         cfg = self.config
-        layers = []
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            layers.append(LayerTensors(
-                input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                q_norm=attn.q_norm.weight if attn.q_norm is not None else None,
-                k_norm=attn.k_norm.weight if attn.k_norm is not None else None,
-                qkv=attn.qkv_proj.weight, qkv_bias=attn.qkv_proj.bias, o_proj=attn.o_proj.weight,
-                gate_up=mlp.gate_up_proj.weight, down=mlp.down_proj.weight))
-        self._stack = DecoderStack(layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
-                                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        self._stack = DecoderStack([layer_tensors(layer) for layer in self.layers], hidden_size=cfg.hidden_size,
+                                   num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                                    intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
                                    attn_scale=self.layers[0].self_attn.attn.scale)
-        return self._stack
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, method: LinearMethod | None = None):
+        """method: the linear layers' weight format (the loader chooses it); None: dense in config.dtype."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
-        # Tied: the LM head reads the embedding table; no second [vocab, hidden] copy.
+        method = method if method is not None else linear_method(config.dtype)
+        self.linear_method = method
+        self.model = LlamaModel(config, method)
+        # Tied: the LM head reads the embedding table; no second [vocab, hidden] copy. Logits go
+        # straight to fp32 from the kernel (bf16 models skip a rounding and a cast).
         self.lm_head = (None if config.tie_word_embeddings
-                        else Linear(config.hidden_size, config.vocab_size, bias=False, dtype=config.torch_dtype))
-        # Logits straight to fp32 from the kernel (bf16 models skip a rounding and a cast).
+                        else Linear(config.hidden_size, config.vocab_size, bias=False, method=method,
+                                    out_dtype=torch.float32))
         self._logits_kernel = KernelBinding(self.model.embed_tokens.weight, out_dtype=torch.float32)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
@@ -183,12 +206,18 @@ class LlamaForCausalLM(nn.Module):
         Returns hidden states after the final norm, [num_tokens, hidden_size]."""
         return self.model(input_ids, positions, kv_cache, attn_metadata)
 
+    @property
+    def decoder_stack_status(self) -> StackSupport:
+        return self.model.decoder_stack_status
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.lm_head is not None:
+            return self.lm_head(hidden_states)
+        weight = self.model.embed_tokens.weight  # [vocab, hidden]
         if self._logits_kernel.takes(hidden_states):
             return self._logits_kernel(hidden_states, weight, None)
-        return kernels_linear.torch_linear(hidden_states, weight, None).float()
+        return linear_ops.torch_linear(hidden_states, weight, None).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
@@ -219,10 +248,15 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
                                  "is the architecture in config.json right?")
-            copy_weight(params[name].data, tensor, name)
+            module = self.get_submodule(module_name)
+            if isinstance(module, Linear):
+                module.load_weight(param_name, tensor, name)  # its weight format fills it
+            else:
+                copy_weight(params[name].data, tensor, name)
             unfilled[name].discard(None)
         missing = sorted(f"{name}[{shard}]" if shard else name
                          for name, shards in unfilled.items() for shard in shards)
         if missing:
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"the checkpoint does not fill {len(missing)} parameter(s): {shown}")
+        self.model.refresh_decoder_stack()

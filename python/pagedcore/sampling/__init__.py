@@ -1,5 +1,5 @@
 """The sampler's parts: per-step metadata, logit edits, truncation, the random draw, logprobs.
-`pagedcore.sampler.Sampler` puts them together."""
+`pagedcore.sampling.sampler.Sampler` puts them together."""
 
 from pagedcore.sampling.logprobs import gather_logprobs, logprob_dicts, prompt_logprobs
 from pagedcore.sampling.metadata import SamplingMetadata, TokenPairs, make_generator

@@ -204,7 +204,7 @@ class AsyncLLMEngine:
                 for output in outputs:
                     self._deliver(output)
             self._drain_inbox()
-            for request_id in list(engine.requests):
+            for request_id in engine.view.request_ids():
                 self._abort(request_id)
             self._publish()
         except BaseException as e:  # the loop itself broke: fail everyone rather than hang them
@@ -265,7 +265,7 @@ class AsyncLLMEngine:
                 self._num_pending_adds -= num_adds
 
     def _fail_all(self, error: Exception) -> None:
-        for request_id in list(self.engine.requests):
+        for request_id in self.engine.view.request_ids():
             output = self.engine.abort_request(request_id)
             with self._lock:
                 s = self._streams.get(request_id)
@@ -276,7 +276,7 @@ class AsyncLLMEngine:
         self._publish()
 
     def _publish(self) -> None:
-        st = self.engine.scheduler.stats()
+        st = self.engine.view.scheduler_stats()
         self.snapshot = EngineSnapshot(
             num_running=st.num_running, num_waiting=st.num_waiting, num_swapped=st.num_swapped,
             kv_cache_usage=st.kv_cache_usage, prefix_query_tokens=st.prefix_query_tokens,

@@ -59,6 +59,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of the HTTP server (default info, which logs every request)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let chat requests use tool_choice "auto" (the default when tools are given): the model '
+                        "decides whether to call a tool, and the reply is parsed by --tool-call-parser")
+    g.add_argument("--tool-call-parser", default=None, choices=["hermes"],
+                   help="how tool calls are found in the reply with --enable-auto-tool-choice: hermes = "
+                        "<tool_call>{...}</tool_call> (Hermes, Qwen2.5, and models trained on that format)")
     g.add_argument("--enable-trace", action="store_true",
                    help="record the engine's per-step trace (for the live simulator page)")
     g.add_argument("--trace-file", default=None, metavar="FILE",
@@ -96,8 +102,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     args.enable_trace = args.enable_trace or bool(args.trace_file)
     config = engine_config_from_args(args, model=model, enable_trace=args.enable_trace)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
     state = ServerState(served_model_names=served_names(args, model),
-                        max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key))
+                        max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key),
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        tool_call_parser=args.tool_call_parser)
     try:
         return server.run(args, config, state, load_chat_template(args.chat_template))
     except OSError as error:

@@ -82,13 +82,10 @@ def build_app(state: ServerState, recorder=None) -> FastAPI:
 
 def _mount_simulator(app: FastAPI, state: ServerState, recorder) -> None:
     """The live simulator page at / (replay and model-free simulation always; the live trace with
-    --enable-trace). A build without it serves the API alone."""
-    try:
-        from pagedcore.simulator import simulator_router
+    --enable-trace). In-tree, so a failing import is a bug and stops the server."""
+    from pagedcore.simulator import simulator_router
 
-        app.include_router(simulator_router(state, recorder))
-    except ImportError as error:
-        logger.info("simulator page unavailable (%s)", error)
+    app.include_router(simulator_router(state, recorder))
 
 
 def _served(state: ServerState) -> list[str]:

@@ -23,6 +23,7 @@ from pagedcore import __version__
 from pagedcore.config import EngineConfig
 from pagedcore.engine.llm_engine import LLMEngine
 from pagedcore.serving.async_engine import AsyncLLMEngine
+from pagedcore.serving.grpc.stubs import StubsUnavailableError
 from pagedcore.serving.http_app import build_app
 from pagedcore.serving.metrics import ServerMetrics
 from pagedcore.serving.state import ServerState
@@ -103,7 +104,7 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
     async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
     if recorder is not None:
         recorder.attach(async_engine)    # before the first request: the trace mirrors the cache from empty
-    state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.config.max_model_len)
+    state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.view.config.max_model_len)
     async_engine.step_hooks.append(state.metrics.on_step)
     state.attach(async_engine, chat_template, created=int(time.time()))
     grpc_server, code = await _start_grpc(args, async_engine, state), 0
@@ -126,11 +127,8 @@ def _trace_recorder(args):
     """The simulator's TraceRecorder with --enable-trace (the page's live view), else None."""
     if not args.enable_trace:
         return None
-    try:
-        from pagedcore.simulator import TraceRecorder
-    except ImportError as error:
-        logger.warning("--enable-trace: the simulator is not available (%s); tracing in the engine only", error)
-        return None
+    from pagedcore.simulator import TraceRecorder   # in-tree: a broken import is a bug, not an option
+
     return TraceRecorder(trace_file=getattr(args, "trace_file", None))
 
 
@@ -143,7 +141,8 @@ async def _load_in_thread(config: EngineConfig) -> LLMEngine:
         try:
             engine = LLMEngine(config)
         except BaseException as error:   # noqa: BLE001 - handed to the loop, which reports it
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(error))
+            # Bound now: Python unbinds `error` when the except block ends, before the loop runs this.
+            loop.call_soon_threadsafe(lambda e=error: future.done() or future.set_exception(e))
         else:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(engine))
 
@@ -152,13 +151,13 @@ async def _load_in_thread(config: EngineConfig) -> LLMEngine:
 
 
 def _log_loaded(engine: LLMEngine) -> None:
-    loaded, config = engine.loaded, engine.config
-    num_params = sum(p.numel() for p in loaded.model.parameters())
-    phases = ", ".join(f"{k} {v:.2f} s" for k, v in loaded.load_seconds.items())
-    logger.info("loaded %s (%s, %s, %.1fM parameters) in %.1f s (%s)", loaded.source.path, loaded.source.format,
-                config.dtype, num_params / 1e6, engine.startup_seconds, phases)
+    view = engine.view
+    config = view.config
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in view.load_seconds.items())
+    logger.info("loaded %s (%s, %s, %.1fM parameters) in %.1f s (%s)", view.model_path, view.model_format,
+                config.dtype, view.num_parameters / 1e6, view.startup_seconds, phases)
     logger.info("%s; max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s",
-                engine.kv_cache_description, config.max_model_len, config.max_num_seqs,
+                view.kv_cache_description, config.max_model_len, config.max_num_seqs,
                 config.max_num_batched_tokens, "on" if config.enable_prefix_caching else "off")
 
 
@@ -169,7 +168,7 @@ async def _start_grpc(args, async_engine: AsyncLLMEngine, state: ServerState):
         return None
     try:
         from pagedcore.serving.grpc.server import start_grpc_server
-    except ImportError as error:
+    except StubsUnavailableError as error:   # only the optional case; any other import error is a bug
         logger.warning("gRPC unavailable (%s); serving HTTP only", error)
         return None
     try:

@@ -18,6 +18,8 @@ class ServerState:
     served_model_names: list[str]
     max_request_body_bytes: int = 1 << 20
     api_keys: list[str] = field(default_factory=list)
+    enable_auto_tool_choice: bool = False     # --enable-auto-tool-choice: tool_choice "auto" allowed
+    tool_call_parser: str | None = None       # --tool-call-parser (hermes)
     engine: AsyncLLMEngine | None = None      # None while the model loads
     draining: bool = False
     metrics: Any = None                       # ServerMetrics, once the model is loaded
@@ -40,16 +42,16 @@ class ServerState:
     def attach(self, engine: AsyncLLMEngine, chat_template: str | None, created: int) -> None:
         """Fills the model facts from a loaded engine; the server answers requests from now on.
         Reads only what never changes after construction, never the engine's live state."""
-        llm = engine.engine
-        self.tokenizer = llm.tokenizer
-        self.model_path = llm.loaded.source.path
-        self.max_model_len = llm.config.max_model_len
-        self.vocab_size = llm.model_config.vocab_size
-        self.max_logprobs = llm.config.max_logprobs
-        self.max_num_seqs = llm.config.max_num_seqs
-        self.priority_scheduling = llm.config.scheduling_policy == "priority"
-        self.chat_template = chat_template or llm.loaded.chat_template or getattr(llm.tokenizer, "chat_template", None)
-        self.generation_defaults = {k: v for k, v in (llm.loaded.generation_config or {}).items()
+        view = engine.engine.view
+        self.tokenizer = view.tokenizer
+        self.model_path = view.model_path
+        self.max_model_len = view.config.max_model_len
+        self.vocab_size = view.model_config.vocab_size
+        self.max_logprobs = view.config.max_logprobs
+        self.max_num_seqs = view.config.max_num_seqs
+        self.priority_scheduling = view.config.scheduling_policy == "priority"
+        self.chat_template = chat_template or view.chat_template or getattr(view.tokenizer, "chat_template", None)
+        self.generation_defaults = {k: v for k, v in view.generation_config.items()
                                     if k in _GENERATION_DEFAULTS and v is not None}
         self.created = created
         self.engine = engine

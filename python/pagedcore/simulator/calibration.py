@@ -23,7 +23,7 @@ def measure_swap_seconds_per_block(engine, num_blocks: int = 32, repeats: int = 
     """One block's KV (all layers, K and V) copied between two host buffers: what a swap moves."""
     import torch
 
-    numel = engine.kv_cache_spec.bytes_per_block // 4   # float32 elements of one block
+    numel = engine.view.kv_cache_bytes_per_block // 4   # float32 elements of one block
     src = torch.randn(num_blocks, numel)
     dst = torch.empty_like(src)
     best = float("inf")
@@ -46,7 +46,7 @@ def record_calibration(path: str, model: str | None = None, num_threads: int | N
                                     enable_prefix_caching=False))
     recorder = TraceRecorder(trace_file=path).attach(engine)
     rng = np.random.default_rng(seed)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.view.model_config.vocab_size
     t0, next_id = time.perf_counter(), 0
     for wave in range(num_waves):
         for _ in range(int(rng.integers(2, 12))):
@@ -64,6 +64,6 @@ def record_calibration(path: str, model: str | None = None, num_threads: int | N
     logger.info("calibration: %d steps in %.0f s", recorder.num_records, time.perf_counter() - t0)
     e = measure_swap_seconds_per_block(engine)
     fitted = fit_from_trace(path, e=e, skip_steps=NUM_WARMUP_STEPS)
-    source = (f"fitted to {fitted.fit['num_steps']} steps of {engine.loaded.source.path} "
-              f"({engine.config.dtype}, {num_threads or 'all'} threads); e from a host copy benchmark")
+    source = (f"fitted to {fitted.fit['num_steps']} steps of {engine.view.model_path} "
+              f"({engine.view.config.dtype}, {num_threads or 'all'} threads); e from a host copy benchmark")
     return CostModel(fitted.a, fitted.b, fitted.c, fitted.d, fitted.e, source=source, fit=fitted.fit)

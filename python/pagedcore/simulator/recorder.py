@@ -1,6 +1,6 @@
 """TraceRecorder: the engine's step records kept in a ring, fanned out to live subscribers and a JSONL file.
 
-    engine thread:  LLMEngine.step_listeners ─▶ on_step ─▶ StepTracer ─▶ record ─┬▶ ring (bounded)
+    engine thread:  EngineView step listener ─▶ on_step ─▶ StepTracer ─▶ record ─┬▶ ring (bounded)
                     AsyncLLMEngine.step_hooks ─▶ on_hook (aborts) ─▶ sync ───────┼▶ subscribers (SSE)
                                                                                   └▶ --trace-file (JSONL)
 Everything the engine thread touches is under one lock, so a subscriber's first snapshot and the
@@ -77,17 +77,11 @@ class TraceRecorder:
     def attach(self, engine) -> TraceRecorder:
         """Listens to an LLMEngine, or to an AsyncLLMEngine (then aborts between steps are seen too).
         Call before the first request: the mirror starts from an empty cache."""
-        llm = getattr(engine, "engine", engine)
-        if llm.scheduler.gpu_pool.num_used_blocks:
+        view = getattr(engine, "engine", engine).view
+        if view.scheduler.gpu_pool.num_used_blocks:
             raise RuntimeError("attach the TraceRecorder before the engine serves its first request")
-
-        def resolve(sid: int):
-            seq = llm.seqs.get(sid)
-            return None if seq is None else (seq.request.request_id, seq.request.metrics.arrival_time)
-
-        self.start(StepTracer(llm.scheduler, resolve, extra_config={
-            "model": getattr(llm.loaded.source, "path", None) if getattr(llm, "loaded", None) else None}))
-        llm.step_listeners.append(self.on_step)
+        self.start(StepTracer(view.scheduler, view.request_of_seq, extra_config={"model": view.model_path}))
+        view.add_step_listener(self.on_step)
         if hasattr(engine, "step_hooks"):
             engine.step_hooks.append(self.on_hook)
         return self

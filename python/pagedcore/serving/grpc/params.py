@@ -13,7 +13,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from pagedcore.sampling_params import SamplingParams
+from pagedcore.sampling_params import SamplingParams, StructuredOutputsParams
 
 DEFAULT_MAX_NEW_TOKENS = 20    # TGIS's default when stopping.max_new_tokens is 0
 MAX_NEW_TOKENS_LIMIT = 1024    # TGIS's default cap on max_new_tokens (server option)
@@ -23,7 +23,7 @@ MAX_STOP_SEQUENCE_BYTES = 240
 MIN_TEMPERATURE = 0.05         # TGIS refuses smaller non-zero temperatures
 
 GREEDY, SAMPLE = 0, 1          # fmaas.DecodingMethod
-_TEXT_FORMAT = 0               # fmaas.DecodingParameters.ResponseFormat.TEXT: no constraint
+_TEXT_FORMAT, _JSON_FORMAT = 0, 1   # fmaas.DecodingParameters.ResponseFormat: no constraint, any JSON object
 
 
 class ParamError(ValueError):
@@ -152,10 +152,7 @@ def plan_generation(params, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
     if decoding.HasField("length_penalty"):
         raise ParamError("params.decoding.length_penalty",
                          "is not supported by this server; leave it unset (max_new_tokens bounds the length)")
-    guided = decoding.WhichOneof("guided")
-    if guided is not None and not (guided == "format" and decoding.format == _TEXT_FORMAT):
-        raise ParamError(f"params.decoding.{guided}", "(guided decoding) is not supported by this server; "
-                                                      "leave it unset")
+    structured_outputs = _constraint(decoding)
 
     detail = _token_detail(params.response, max_logprobs)
     try:
@@ -172,10 +169,40 @@ def plan_generation(params, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
             # The sampled token's logprob and rank come with any logprobs request; top_n adds candidates.
             logprobs=detail.top_n if detail.generated_tokens and detail.any_detail else None,
             prompt_logprobs=detail.top_n if detail.input_tokens and detail.any_detail else None,
+            structured_outputs=structured_outputs,
         )
     except ValueError as error:   # a combination the checks above let through
         raise ParamError("params", f"are invalid: {error}") from None
     return GenerationPlan(sampling_params, seed, time_limit_s, params.truncate_input_tokens, detail)
+
+
+def constraint_field(constraint: StructuredOutputsParams) -> str:
+    """The request field a constraint came from (what INVALID_ARGUMENT names when it fails to compile)."""
+    name = {"json": "json_schema", "json_object": "format"}.get(constraint.kind, constraint.kind)
+    return f"params.decoding.{name}"
+
+
+def _constraint(decoding) -> StructuredOutputsParams | None:
+    """The guided-decoding oneof (vllm-tgis-adapter's fields) -> the constraint, None for free text."""
+    guided = decoding.WhichOneof("guided")
+    if guided is None or (guided == "format" and decoding.format == _TEXT_FORMAT):
+        return None
+    field = f"params.decoding.{guided}"
+    if guided == "format":
+        if decoding.format != _JSON_FORMAT:
+            raise ParamError(field, f"must be TEXT (0) or JSON (1), got {decoding.format}")
+        kwargs = {"json_object": True}
+    elif guided == "json_schema":
+        kwargs = {"json": decoding.json_schema}
+    elif guided == "choice":
+        kwargs = {"choice": list(decoding.choice.choices)}
+    else:   # regex, grammar
+        kwargs = {guided: getattr(decoding, guided)}
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except ValueError as error:
+        message = str(error).replace("StructuredOutputsParams.", "").replace("StructuredOutputsParams", "it")
+        raise ParamError(field, f"is invalid: {message}") from None
 
 
 def _token_detail(response, max_logprobs: int) -> TokenDetail:
@@ -198,4 +225,5 @@ def _finite(field: str, value: float) -> float:
 
 
 __all__ = ["ParamError", "GenerationPlan", "FittedPrompt", "TokenDetail", "check_request", "plan_generation",
+           "constraint_field",
            "DEFAULT_MAX_NEW_TOKENS", "MAX_NEW_TOKENS_LIMIT", "MAX_TOP_N_TOKENS"]

@@ -73,7 +73,7 @@ async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.
     max_new_tokens: the largest stopping.max_new_tokens a request may ask for (TGIS's default 1024).
     default_include_stop_sequence: for requests that leave include_stop_sequence unset (TGIS: true).
     """
-    engine_max_len = async_engine.engine.config.max_model_len
+    engine_max_len = async_engine.engine.view.config.max_model_len
     max_model_len = max_model_len or engine_max_len
     if max_model_len > engine_max_len:
         raise ValueError(f"max_model_len {max_model_len} is larger than the engine's ({engine_max_len}); "

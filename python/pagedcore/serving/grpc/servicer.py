@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -15,7 +16,7 @@ from pagedcore.serving.async_engine import AsyncLLMEngine
 from pagedcore.serving.grpc import responses
 from pagedcore.serving.grpc.errors import ServerDrainingError, rpc_errors
 from pagedcore.serving.grpc.params import (MAX_NEW_TOKENS_LIMIT, FittedPrompt, GenerationPlan, ParamError,
-                                           check_request, plan_generation)
+                                           check_request, constraint_field, plan_generation)
 from pagedcore.serving.grpc.streams import TIME_LIMIT, run_all, until_deadline
 from pagedcore.serving.grpc.stubs import generation_pb2 as pb
 from pagedcore.serving.grpc.stubs import generation_pb2_grpc as pb_grpc
@@ -25,19 +26,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, async_engine: AsyncLLMEngine, *, max_model_len: int,
                  max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT, default_include_stop_sequence: bool = True):
         self.engine = async_engine
-        self.tokenizer = async_engine.engine.tokenizer
+        self.tokenizer = async_engine.engine.view.tokenizer
         self.max_model_len = max_model_len
         # A request may never ask for more than fits after a one-token prompt.
         self.max_new_tokens_limit = min(max_new_tokens_limit, max_model_len - 1)
         self.default_include_stop_sequence = default_include_stop_sequence
-        self.max_logprobs = async_engine.engine.config.max_logprobs
+        self.max_logprobs = async_engine.engine.view.config.max_logprobs
         self.draining = False
 
     # -- Generate ------------------------------------------------------------------------------------
     @rpc_errors
     async def Generate(self, request, context):
         start = time.monotonic()
-        plan = self._plan(request)
+        plan = await self._plan(request)
         texts = [r.text for r in request.requests]
         prompts = [self._fit(text, plan, f"requests[{i}].text") for i, text in enumerate(texts)]
         request_id = uuid.uuid4().hex
@@ -63,7 +64,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     @rpc_errors
     async def GenerateStream(self, request, context):
         start = time.monotonic()
-        plan = self._plan(request)
+        plan = await self._plan(request)
         text = request.request.text
         prompt = self._fit(text, plan, "request.text")
         outputs = self.engine.generate(None, prompt.sampling_params, uuid.uuid4().hex,
@@ -108,14 +109,23 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                                     max_new_tokens=self.max_new_tokens_limit)
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _plan(self, request) -> GenerationPlan:
+    async def _plan(self, request) -> GenerationPlan:
         if self.draining:
             raise ServerDrainingError("the server is shutting down and accepts no new requests; retry on another "
                                       "replica")
         check_request(request)
-        return plan_generation(request.params, max_new_tokens_limit=self.max_new_tokens_limit,
+        plan = plan_generation(request.params, max_new_tokens_limit=self.max_new_tokens_limit,
                                default_include_stop_sequence=self.default_include_stop_sequence,
                                max_logprobs=self.max_logprobs)
+        constraint = plan.sampling_params.structured_outputs
+        if constraint is not None:
+            # Compiled now (and cached for the engine), so a bad one is INVALID_ARGUMENT naming its field.
+            try:
+                await asyncio.to_thread(self.engine.engine.grammars.compile, constraint)
+            except ValueError as error:
+                reason = getattr(error, "reason", str(error))
+                raise ParamError(constraint_field(constraint), f"could not be compiled: {reason}") from None
+        return plan
 
     def _fit(self, text: str, plan: GenerationPlan, field: str) -> FittedPrompt:
         try:

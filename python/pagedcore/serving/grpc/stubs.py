@@ -4,6 +4,10 @@ A built install has them in `pagedcore.serving.grpc_gen` (CMake runs protoc at b
 never committed). A source checkout that was never built has no such package: then protoc (from
 grpcio-tools) generates them once into a per-user cache keyed by the .proto's hash, and that
 folder is mounted as `pagedcore.serving.grpc_gen`, so the module names are the same either way.
+
+The stubs load at first use of `generation_pb2` / `generation_pb2_grpc` (a module __getattr__), so
+StubsUnavailableError can be imported, and caught, without loading them: it is the one optional
+case (no built stubs, no grpcio-tools to make them); any other import error is a bug to surface.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from pathlib import Path
 PACKAGE = "pagedcore.serving.grpc_gen"
 _PACKAGE_PATH = Path(*PACKAGE.split("."))
 _MODULES = ("generation_pb2", "generation_pb2_grpc")
+
+
+class StubsUnavailableError(ImportError):
+    """The stubs were never built and grpcio-tools is not installed to generate them: gRPC is off."""
 
 
 def _import_built():
@@ -45,7 +53,7 @@ def generate_stubs(proto: Path, out_root: Path) -> Path:
     try:
         import grpc_tools
     except ImportError:
-        raise ImportError(
+        raise StubsUnavailableError(
             "the gRPC stubs were not built (no pagedcore.serving.grpc_gen) and grpcio-tools is not installed "
             "to generate them; rebuild with `scripts/dev-build` (or `pip install .`), or `pip install grpcio-tools`"
         ) from None
@@ -104,7 +112,9 @@ def load():
     """(generation_pb2, generation_pb2_grpc): the built ones, else generated into the cache."""
     try:
         return _import_built()
-    except ImportError as missing:
+    except ModuleNotFoundError as missing:
+        if not (missing.name or "").startswith(PACKAGE):
+            raise  # the stubs are there but something they import is not: not the optional case
         proto = _source_proto()
         if proto is None:
             raise ImportError(
@@ -114,6 +124,12 @@ def load():
     return _import_built()
 
 
-generation_pb2, generation_pb2_grpc = load()
+def __getattr__(name: str):
+    if name in _MODULES:
+        modules = load()
+        globals().update(zip(_MODULES, modules))  # later lookups find them without this hook
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["generation_pb2", "generation_pb2_grpc", "generate_stubs", "load", "PACKAGE"]
+
+__all__ = ["generation_pb2", "generation_pb2_grpc", "generate_stubs", "load", "PACKAGE", "StubsUnavailableError"]

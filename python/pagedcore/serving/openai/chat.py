@@ -17,6 +17,8 @@ from pagedcore.serving.openai.params import sampling_params
 from pagedcore.serving.openai.protocol import ChatCompletionRequest
 from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, collect, sse,
                                                 until_disconnected)
+from pagedcore.serving.openai.structured import Constraint, check_compiles, constraint_of
+from pagedcore.serving.openai.tools import ToolPlan, ToolStream, finish_reason, plan_tools
 from pagedcore.serving.openai.usage import Usage, usage_of
 from pagedcore.serving.state import ServerState
 
@@ -25,11 +27,18 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     req = await parse_request(request, ChatCompletionRequest, state.max_request_body_bytes)
     state.check_model(req.model)
     engine = state.require_engine()
-    _reject_unsupported(req)
+    tool_plan = plan_tools(req.tools, req.tool_choice, _auto_tool_parser(state))
+    constraint = constraint_of(req)
+    if tool_plan.constraint is not None:
+        if constraint is not None:
+            raise bad_request(f"tool_choice {req.tool_choice!r} constrains the reply to tool calls; it cannot be "
+                              f"combined with {constraint.field.split('.')[0]}", "tool_choice")
+        constraint = Constraint(tool_plan.constraint, "tools")
     prompt_ids = render_chat(state.tokenizer, req.chat_template or state.chat_template, req.messages,
                              add_generation_prompt=req.add_generation_prompt,
                              continue_final_message=req.continue_final_message,
-                             add_special_tokens=req.add_special_tokens, template_kwargs=req.chat_template_kwargs)
+                             add_special_tokens=req.add_special_tokens, template_kwargs=req.chat_template_kwargs,
+                             tools=tool_plan.tools)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     names = {"logprobs": "top_logprobs"}
@@ -39,14 +48,16 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
         names["max_tokens"] = "max_completion_tokens"
     params = sampling_params(req, state, prompt_len=len(prompt_ids), max_tokens=max_tokens, default_max_tokens=None,
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None, names=names,
-                             prompt_field="messages")
+                             prompt_field="messages",
+                             structured_outputs=None if constraint is None else constraint.params)
+    await check_compiles(engine, constraint)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     try:
         stream = engine.add_request(None, params, request_id, prompt_token_ids=prompt_ids, priority=req.priority,
                                     stream=req.stream)
     except Exception as error:
         raise engine_error(error) from None
-    meta = _Meta(request_id, state, req)
+    meta = _Meta(request_id, state, req, tool_plan)
     if req.stream:
         return StreamingResponse(_stream(stream, meta), media_type="text/event-stream", headers=SSE_HEADERS)
     try:
@@ -60,20 +71,14 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     return JSONResponse(_response(output, meta))
 
 
-def _reject_unsupported(req: ChatCompletionRequest) -> None:
-    """Fields we could silently ignore, but a client relying on them would get wrong answers."""
-    if req.tools:
-        raise bad_request("tool calling is not supported by this server; send the request without tools", "tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise bad_request("tool_choice is not supported by this server (no tools)", "tool_choice")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise bad_request(f"response_format {req.response_format.get('type')!r} (structured output) is not "
-                          "supported; use {\"type\": \"text\"} or leave it out", "response_format")
+def _auto_tool_parser(state: ServerState) -> str | None:
+    """vLLM's --enable-auto-tool-choice --tool-call-parser: the parser when "auto" is allowed, else None."""
+    return state.tool_call_parser if state.enable_auto_tool_choice else None
 
 
 class _Meta:
-    def __init__(self, request_id: str, state: ServerState, req: ChatCompletionRequest):
-        self.request_id, self.state, self.req = request_id, state, req
+    def __init__(self, request_id: str, state: ServerState, req: ChatCompletionRequest, tool_plan: ToolPlan):
+        self.request_id, self.state, self.req, self.tool_plan = request_id, state, req, tool_plan
         self.created = int(time.time())
         last = req.messages[-1]
         # vLLM's echo: the reply starts with the last message when that is the assistant's own.
@@ -101,8 +106,13 @@ def _response(output: RequestOutput, meta: _Meta) -> dict:
     for c in output.outputs:
         if c.finish_reason == "abort":
             raise APIError(503, "the server shut down before this request finished; retry it")
-        choices.append({"index": c.index, "message": {"role": "assistant", "content": meta.echo_text + c.text},
-                        "logprobs": meta.logprobs(c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        content, calls = meta.tool_plan.calls_of(c.text)
+        message = {"role": "assistant", "content": meta.echo_text + content if content is not None else None}
+        if calls:
+            message["tool_calls"] = calls
+        choices.append({"index": c.index, "message": message, "logprobs": meta.logprobs(c),
+                        "finish_reason": finish_reason(meta.tool_plan, calls, c.finish_reason),
+                        "stop_reason": c.stop_reason})
     return meta.envelope("chat.completion", choices, usage_of([output]))
 
 
@@ -111,6 +121,7 @@ async def _stream(stream, meta: _Meta):
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     usage = Usage(1)
+    tool_streams = [ToolStream(meta.tool_plan) for _ in range(req.n)]
     try:
         # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
         for index in range(req.n):
@@ -120,11 +131,18 @@ async def _stream(stream, meta: _Meta):
         async for out in stream:
             usage.add(0, out)
             for c in out.outputs:
-                if not c.text and c.finish_reason is None and not (req.logprobs and c.token_ids):
+                text, calls = tool_streams[c.index].feed(c.text), []
+                if c.finish_reason is not None:
+                    rest, calls = tool_streams[c.index].finish()
+                    text += rest
+                if not text and c.finish_reason is None and not (req.logprobs and c.token_ids):
                     continue
+                delta = {"content": text} if text or (c.finish_reason is None and not calls) else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
                 # A stream cut by a server shutdown ends with vLLM's "abort"; clients treat it as truncated.
-                choice = {"index": c.index, "delta": {"content": c.text} if c.text or c.finish_reason is None else {},
-                          "logprobs": meta.logprobs(c), "finish_reason": c.finish_reason,
+                choice = {"index": c.index, "delta": delta, "logprobs": meta.logprobs(c),
+                          "finish_reason": finish_reason(meta.tool_plan, calls, c.finish_reason),
                           "stop_reason": c.stop_reason}
                 yield sse(meta.envelope("chat.completion.chunk", [choice], usage.as_dict() if continuous else None))
         if options is not None and options.include_usage:

@@ -46,13 +46,18 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         message = {"role": m.role, "content": content if content is not None else ""}
         if m.name is not None:
             message["name"] = m.name
+        if m.tool_calls is not None:
+            message["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
         out.append(message)
     return out
 
 
 def render_chat(tokenizer, template: str | None, messages: Sequence[ChatMessage], *,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
-                add_special_tokens: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                add_special_tokens: bool = False, template_kwargs: dict[str, Any] | None = None,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
     if template is None:
         raise bad_request("this model has no chat template; start the server with --chat-template FILE, send "
                           "'chat_template' in the request, or use /v1/completions", "messages")
@@ -66,7 +71,7 @@ def render_chat(tokenizer, template: str | None, messages: Sequence[ChatMessage]
     try:
         text = tokenizer.apply_chat_template(
             conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, **(template_kwargs or {}))
+            continue_final_message=continue_final_message, tools=tools, **(template_kwargs or {}))
     except jinja2.TemplateError as error:   # also the templates' own raise_exception("roles must alternate")
         raise bad_request(f"the chat template refused these messages: {error}", "messages") from None
     except (TypeError, ValueError) as error:

@@ -16,6 +16,7 @@ from pagedcore.serving.openai.params import sampling_params
 from pagedcore.serving.openai.protocol import CompletionRequest
 from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, close_all, collect, merge_streams,
                                                 sse, until_disconnected)
+from pagedcore.serving.openai.structured import check_compiles, constraint_of
 from pagedcore.serving.openai.usage import Usage, usage_of
 from pagedcore.serving.state import ServerState
 
@@ -31,11 +32,14 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     if req.suffix is not None:
         raise bad_request("suffix (insertion) is not supported by this model", "suffix")
     prompts = _prompts(req, state)
+    constraint = constraint_of(req)
+    await check_compiles(engine, constraint)
     # echo with logprobs reports the prompt's tokens too: they need prompt logprobs.
     prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     params = [sampling_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
                               default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs,
-                              prompt_logprobs=prompt_logprobs)
+                              prompt_logprobs=prompt_logprobs,
+                              structured_outputs=None if constraint is None else constraint.params)
               for _, ids in prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = []

@@ -6,7 +6,7 @@ server knows: max_model_len, the vocabulary, --max-logprobs, --max-num-seqs, the
 
 from __future__ import annotations
 
-from pagedcore.sampling_params import SamplingParams
+from pagedcore.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedcore.serving.openai.errors import APIError, bad_request, from_value_error
 from pagedcore.serving.openai.protocol import SamplingFields
 from pagedcore.serving.state import ServerState
@@ -14,7 +14,8 @@ from pagedcore.serving.state import ServerState
 
 def sampling_params(req: SamplingFields, state: ServerState, *, prompt_len: int, max_tokens: int | None,
                     default_max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
-                    names: dict[str, str] | None = None, prompt_field: str = "prompt") -> SamplingParams:
+                    names: dict[str, str] | None = None, prompt_field: str = "prompt",
+                    structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
     """names: SamplingParams field -> the request field that set it, for messages (chat's
     top_logprobs sets logprobs; max_completion_tokens may set max_tokens). default_max_tokens: used
     when the request sets none, cut to what fits (None: all that fits)."""
@@ -32,7 +33,8 @@ def sampling_params(req: SamplingFields, state: ServerState, *, prompt_len: int,
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             logit_bias=_logit_bias(req.logit_bias, state.vocab_size),
             skip_special_tokens=req.skip_special_tokens,
-            spaces_between_special_tokens=req.spaces_between_special_tokens)
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            structured_outputs=structured_outputs)
     except ValueError as error:
         raise from_value_error(error, names) from None
     _check_server_limits(params, req, state, names)

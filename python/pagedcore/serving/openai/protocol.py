@@ -54,6 +54,15 @@ class SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     priority: int = 0                      # lower runs first, with --scheduling-policy priority
+    # Structured output (structured.py reads them; at most one may be set).
+    response_format: dict[str, Any] | None = None      # {"type": "text" | "json_object" | "json_schema"}
+    structured_outputs: dict[str, Any] | None = None   # vLLM: {"json" | "regex" | "choice" | "grammar" | ...}
+    guided_json: str | dict[str, Any] | None = None    # vLLM's older spellings of the same
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None       # refused: xgrammar has no whitespace pattern
 
 
 class CompletionRequest(SamplingFields):
@@ -76,6 +85,8 @@ class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None   # an assistant's earlier calls, for the chat template
+    tool_call_id: str | None = None                  # a "tool" message: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -90,10 +101,9 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False       # the chat template writes the special tokens itself
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Accepted so that clients sending them get a clear refusal instead of silence.
+    # Tool calling (tools.py): functions the model may call, and whether / which it must.
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Body):
@@ -120,4 +130,5 @@ UNION_TYPES = {
     "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
     "stop": "a string or a list of strings",
     "content": "a string, a list of content parts ({\"type\": \"text\", \"text\": ...}) or null",
+    "guided_json": "a JSON schema (an object) or its JSON text",
 }

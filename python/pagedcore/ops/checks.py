@@ -1,28 +1,17 @@
-"""Argument checks shared by the CPU (pagedcore.kernels) and CUDA (pagedcore.kernels_cuda) kernel
-layers: each raises TypeError / ValueError with a message that names the fix, so a wrong call is a
-Python exception and never reaches a kernel.
-"""
+"""Argument checks shared by the ops: each raises TypeError / ValueError with a message that names the
+fix, so a wrong call is a Python exception and never reaches a kernel. Index contents (slots, block
+ids, lengths) are checked in C++, which reads them anyway."""
 
 from __future__ import annotations
 
 import torch
 
-PAD_SLOT = -1    # slot_mapping padding: nothing is written for such a token
-NULL_BLOCK = -1  # block-table padding
+from pagedcore import _core
 
 
 def check_tensor(t, name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def dtype_code(t: torch.Tensor, name: str, codes: dict[torch.dtype, int], what: str) -> int:
-    """The kernel's dtype code of t (codes: dtype -> code); `what` names the kernels for the message."""
-    code = codes.get(t.dtype)
-    if code is None:
-        allowed = " or ".join(str(d) for d in codes)
-        raise TypeError(f"{name} has dtype {t.dtype}; {what} take {allowed} (cast with {name}.to(torch.bfloat16))")
-    return code
 
 
 def check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, length: int) -> None:
@@ -80,3 +69,25 @@ def check_block_mapping(block_mapping) -> None:
     if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
         raise ValueError(f"block_mapping has shape {tuple(block_mapping.shape)}; expected [n, 2] "
                          "rows of (src, dst)")
+
+
+def require_cuda_kernels(op: str) -> None:
+    if not _core.has_cuda:
+        raise RuntimeError(f"{op}: pagedcore._core was built without CUDA (no CUDA toolkit was found at build "
+                           "time); rebuild with nvcc on the PATH (scripts/dev-build)")
+
+
+def check_cuda_tensors(op: str, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one CUDA device and the extension built with CUDA; returns the device."""
+    for name, t in tensors.items():
+        check_tensor(t, name)
+    off = [f"{name} on {t.device}" for name, t in tensors.items() if t.device.type != "cuda"]
+    if off:
+        raise ValueError(f"{op}: the CUDA kernels take CUDA tensors; got {', '.join(off)}. Move them with "
+                         f".cuda(), or call pagedcore.ops.attention.{op} for CPU tensors")
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        raise ValueError(f"{op}: all tensors must be on one device; got "
+                         + ", ".join(f"{name} on {t.device}" for name, t in tensors.items()))
+    require_cuda_kernels(op)
+    return devices.pop()

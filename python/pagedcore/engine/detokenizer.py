@@ -8,6 +8,7 @@ half a UTF-8 character: byte-level BPE and byte-fallback split those over severa
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder prints for bytes that are not (yet) a whole character
@@ -101,6 +102,25 @@ class IncrementalDetokenizer:
         self.output_text += delta
         return delta
 
+    def fork(self) -> IncrementalDetokenizer:
+        """An independent copy that continues from this point (a sequence forked mid-generation).
+
+        The tokenizer is shared. A DecodeStream cannot be copied, so the copy opens its own on the
+        emitted window and replays the held-back tokens (each held back again, as they were here);
+        should that ever disagree, the copy decodes in Python from the mirrored offsets, which is exact."""
+        clone = copy.copy(self)
+        clone.token_ids = list(self.token_ids)
+        clone._stream = None
+        if self._stream is not None:
+            try:
+                stream = DecodeStream(ids=self.token_ids[self.prefix_offset:self.read_offset],
+                                      skip_special_tokens=self.skip_special_tokens)
+                if all(stream.step(self._backend, t) is None for t in self.token_ids[self.read_offset:]):
+                    clone._stream = stream
+            except Exception:  # noqa: BLE001 - DecodeStream raises plain Exception; Python takes over
+                pass
+        return clone
+
     def _step(self, token_id: int) -> str | None:
         if self._stream is not None:
             try:
@@ -180,6 +200,12 @@ class StopStringChecker:
     @property
     def num_held(self) -> int:
         return len(self.text) - self.num_released
+
+    def fork(self) -> StopStringChecker:
+        """An independent copy that continues from this point (its text and what it has released)."""
+        clone = copy.copy(self)
+        clone.stop = list(self.stop)
+        return clone
 
     def feed(self, delta: str) -> str:
         """Add new text; return the part that is now safe to show."""

@@ -1,7 +1,7 @@
-"""The paged KV-cache kernels on CUDA tensors, and the NCCL communicator for tensor parallelism.
+"""The paged KV-cache ops on CUDA tensors: write K/V into the cache, paged attention, block copy and swap.
 
-Same four functions, signatures and contract as pagedcore.kernels (the CPU kernels), for tensors on
-a CUDA device: each checks device, dtype, shape, strides and contiguity, raising TypeError or
+Same four functions, signatures and contract as pagedcore.ops.attention (the CPU ops), for tensors
+on a CUDA device: each checks device, dtype, shape, strides and contiguity, raising TypeError or
 ValueError with the fix in the message, then hands data pointers, sizes, strides and the current CUDA
 stream to pagedcore._core (cuda/). Launches are asynchronous on torch.cuda.current_stream().
 
@@ -13,41 +13,29 @@ Slot of the token at position p: block_table[p // block_size] * block_size + p %
 
 Index contents (slots, block ids, lengths) stay on the GPU and are not read back: a slot or block id
 outside the cache writes or reads nothing rather than faulting. Block mappings given on the CPU are
-checked (IndexError), as in pagedcore.kernels.
+checked (IndexError), as in pagedcore.ops.attention.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.util
-import os
 from dataclasses import dataclass
 
 import torch
 
-from pagedcore import kernel_checks as checks
-from pagedcore.kernel_checks import NULL_BLOCK, PAD_SLOT  # noqa: F401  (re-exported)
-
-try:
-    from pagedcore import _core
-except ImportError:  # the extension is not built
-    _core = None
+from pagedcore import _core
+from pagedcore.ops import checks
+from pagedcore.ops.dtypes import CUDA_DTYPE_CODES, dtype_code
 
 __all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks", "set_attention_tuning",
-           "is_available", "NcclCommunicator", "nccl_library_path"]
+           "is_available"]
 
 HEAD_SIZES = (64, 128, 256)
 MAX_BLOCK_SIZE = 256
 
-# dtype codes shared with cuda/cuda_types.h (DType); 0 and 1 are also the CPU kernels' codes.
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-HAS_CUDA_KERNELS = _core is not None and bool(getattr(_core, "has_cuda", False))
-
 
 def is_available() -> bool:
     """True when the extension has the CUDA kernels and torch sees a GPU."""
-    return HAS_CUDA_KERNELS and torch.cuda.is_available()
+    return _core.has_cuda and torch.cuda.is_available()
 
 
 @dataclass
@@ -80,34 +68,8 @@ def set_attention_tuning(partition_size: int = 0, prefill: str = "auto", decode:
     _tuning = _Tuning(int(partition_size), prefill, decode)
 
 
-# ---- checks ----
-
-def _require_extension(op: str) -> None:
-    if _core is None:
-        raise RuntimeError(f"{op}: pagedcore._core is not built; run scripts/dev-build")
-    if not HAS_CUDA_KERNELS:
-        raise RuntimeError(f"{op}: pagedcore._core was built without CUDA (no CUDA toolkit was found at build "
-                           "time); rebuild with nvcc on the PATH (scripts/dev-build)")
-
-
-def _check_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
-    """All tensors on one CUDA device; returns it."""
-    for name, t in tensors.items():
-        checks.check_tensor(t, name)
-    off = [f"{name} on {t.device}" for name, t in tensors.items() if t.device.type != "cuda"]
-    if off:
-        raise ValueError(f"{op}: the CUDA kernels take CUDA tensors; got {', '.join(off)}. Move them with "
-                         f".cuda(), or call pagedcore.kernels.{op} for CPU tensors")
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        raise ValueError(f"{op}: all tensors must be on one device; got "
-                         + ", ".join(f"{name} on {t.device}" for name, t in tensors.items()))
-    _require_extension(op)
-    return devices.pop()
-
-
 def _dtype_code(t: torch.Tensor, name: str) -> int:
-    return checks.dtype_code(t, name, _DTYPE_CODE, "the CUDA kernels")
+    return dtype_code(t, name, CUDA_DTYPE_CODES, "the CUDA kernels")
 
 
 def _stream(device: torch.device) -> int:
@@ -132,14 +94,14 @@ class _OnDevice:
 # ---- the four kernels ----
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Writes each token's K/V into the cache at its slot; slot -1 (padding) writes nothing.
+    """Writes each token's K/V into the cache at its slot; slot _core.PAD_SLOT (-1) writes nothing.
 
     key, value:   [num_tokens, num_kv_heads, head_size] fp32/bf16/fp16, last stride 1, other strides any
     key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; dtype may
                   differ from key's (conversions round to nearest even, like .to())
     slot_mapping: int64 [num_tokens] on the same device
     """
-    device = _check_cuda("reshape_and_cache", key=key, value=value, key_cache=key_cache,
+    device = checks.check_cuda_tensors("reshape_and_cache", key=key, value=value, key_cache=key_cache,
                          value_cache=value_cache, slot_mapping=slot_mapping)
     checks.check_cache_pair(key_cache, value_cache)
     _dtype_code(key_cache, "key_cache")
@@ -160,7 +122,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
             key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size, num_blocks, block_size,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            src_code, _DTYPE_CODE[key_cache.dtype], _stream(device))
+            src_code, CUDA_DTYPE_CODES[key_cache.dtype], _stream(device))
 
 
 # Decode partials need device scratch: one growing buffer per (device, stream), reused across calls
@@ -187,14 +149,14 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     query, out:      [num_tokens, num_heads, head_size], same dtype (fp32/bf16/fp16), last stride 1
     key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; head_size 64, 128
                      or 256; block_size a power of two up to 256
-    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with -1
+    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with _core.NULL_BLOCK (-1)
     seq_lens:        int32 [num_seqs], cached tokens including this step's new ones
     query_start_loc: int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
     Row j of sequence s sits at position seq_lens[s] - q_len + j and sees positions [0, it].
     max_query_len / max_seq_len: upper bounds known on the host (the scheduler has them); they size
     the launch (without them it is planned from num_tokens and the block-table width). They must hold.
     """
-    device = _check_cuda("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
+    device = checks.check_cuda_tensors("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
                          block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
     checks.check_cache_pair(key_cache, value_cache)
     _dtype_code(key_cache, "key_cache")
@@ -212,7 +174,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
         raise ValueError(f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads} kv heads")
     if head_size not in HEAD_SIZES:
         raise ValueError(f"head_size {head_size} is not supported by the CUDA kernels (they take {HEAD_SIZES}); "
-                         "run this model's attention with pagedcore.kernels on the CPU")
+                         "run this model's attention with pagedcore.ops.attention on the CPU")
     if block_size & (block_size - 1) or block_size > MAX_BLOCK_SIZE:
         raise ValueError(f"block_size {block_size} is not supported by the CUDA kernels: use a power of two "
                          f"up to {MAX_BLOCK_SIZE} (--block-size 16)")
@@ -241,7 +203,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
             block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
             num_seqs, num_tokens, num_heads, num_kv_heads, head_size, num_blocks, block_size,
             max_blocks_per_seq, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-            q_code, _DTYPE_CODE[key_cache.dtype], scale,
+            q_code, CUDA_DTYPE_CODES[key_cache.dtype], scale,
             -1 if max_query_len is None else int(max_query_len),
             -1 if max_seq_len is None else int(max_seq_len)]
     tuning = (_tuning.partition_size, _PREFILL_CODE[_tuning.prefill], _DECODE_CODE[_tuning.decode])
@@ -263,7 +225,7 @@ def copy_blocks(kv_cache, block_mapping) -> None:
         copy-on-write lists are: distinct destinations that no other row reads)
     """
     checks.check_tensor(block_mapping, "block_mapping")
-    device = _check_cuda("copy_blocks", kv_cache=kv_cache)
+    device = checks.check_cuda_tensors("copy_blocks", kv_cache=kv_cache)
     checks.check_kv_cache(kv_cache, "kv_cache")
     _dtype_code(kv_cache, "kv_cache")
     checks.check_block_mapping(block_mapping)
@@ -301,14 +263,14 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     checks.check_block_mapping(block_mapping)
     cuda_sides = [t.device for t in (src_kv_cache, dst_kv_cache) if t.device.type == "cuda"]
     if not cuda_sides:
-        raise ValueError("swap_blocks: neither cache is on CUDA; call pagedcore.kernels.swap_blocks for two CPU "
+        raise ValueError("swap_blocks: neither cache is on CUDA; call pagedcore.ops.attention.swap_blocks for two CPU "
                          "caches")
     device = cuda_sides[0]
     for name, t in (("src_kv_cache", src_kv_cache), ("dst_kv_cache", dst_kv_cache)):
         if t.device.type not in ("cpu", "cuda") or (t.device.type == "cuda" and t.device != device):
             raise ValueError(f"swap_blocks: {name} is on {t.device}; one cache goes on {device}, the other on "
                              "the same device or the CPU")
-    _require_extension("swap_blocks")
+    checks.require_cuda_kernels("swap_blocks")
     checks.check_kv_cache(src_kv_cache, "src_kv_cache")
     _dtype_code(src_kv_cache, "src_kv_cache")
     checks.check_kv_cache(dst_kv_cache, "dst_kv_cache")
@@ -329,73 +291,3 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     with _OnDevice(device):
         _core.swap_blocks_cuda(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), rows.data_ptr(), rows.shape[0],
                                src_shape[0] * 2, src_shape[2], dst_shape[2], block_bytes, _stream(device))
-
-
-# ---- NCCL ----
-
-def nccl_library_path() -> str:
-    """Where libnccl.so.2 is: $PAGEDCORE_NCCL_LIBRARY, else the pip package nvidia-nccl-cu13 (or -cu12),
-    else "" (the dynamic loader's own search path)."""
-    env = os.environ.get("PAGEDCORE_NCCL_LIBRARY")
-    if env:
-        return env
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for pattern in ("nccl/lib/libnccl.so.2", "*/lib/libnccl.so.2", "**/libnccl.so.2"):
-            found = sorted(glob.glob(os.path.join(root, pattern), recursive=True))
-            if found:
-                return found[0]
-    return ""
-
-
-class NcclCommunicator:
-    """One rank of a tensor-parallel group: in-place sum all-reduce of CUDA tensors on the current stream.
-
-        uid = NcclCommunicator.get_unique_id()          # rank 0; send the bytes to the other ranks
-        comm = NcclCommunicator(world_size, rank, uid, device=torch.device("cuda", rank))
-        comm.all_reduce(hidden)                          # hidden += the other ranks' hidden
-    """
-
-    @staticmethod
-    def get_unique_id() -> bytes:
-        _require_extension("NcclCommunicator.get_unique_id")
-        return _core.NcclCommunicator.get_unique_id(nccl_library_path())
-
-    def __init__(self, world_size: int, rank: int, unique_id: bytes, device=None):
-        _require_extension("NcclCommunicator")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        device = torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"NcclCommunicator needs a CUDA device, got {device}")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        self._comm = _core.NcclCommunicator(world_size, rank, unique_id, device.index, nccl_library_path())
-
-    @property
-    def world_size(self) -> int:
-        return self._comm.world_size
-
-    @property
-    def rank(self) -> int:
-        return self._comm.rank
-
-    def all_reduce(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Sums `tensor` over the ranks into `out` (default: in place); returns the result tensor."""
-        out = tensor if out is None else out
-        _check_cuda("all_reduce", tensor=tensor, out=out)
-        if tensor.device != self.device:
-            raise ValueError(f"all_reduce: tensor is on {tensor.device} but this rank's device is {self.device}")
-        code = _dtype_code(tensor, "tensor")
-        if out.dtype != tensor.dtype or out.shape != tensor.shape:
-            raise ValueError(f"all_reduce: out ({tuple(out.shape)}, {out.dtype}) must match tensor "
-                             f"({tuple(tensor.shape)}, {tensor.dtype})")
-        if not (tensor.is_contiguous() and out.is_contiguous()):
-            raise ValueError("all_reduce: tensor and out must be contiguous (call .contiguous())")
-        if tensor.numel():
-            self._comm.all_reduce(tensor.data_ptr(), out.data_ptr(), tensor.numel(), code, _stream(self.device))
-        return out
-
-    def destroy(self) -> None:
-        self._comm.destroy()

@@ -1,46 +1,41 @@
-"""The paged KV-cache kernels: write K/V into the cache, paged attention, block copy and swap.
+"""The paged KV-cache ops: write K/V into the cache, paged attention, block copy and swap.
 
 Each function checks its arguments (dtype, shape, device, strides) and raises TypeError/ValueError
 with the fix in the message, then hands data pointers, sizes and strides to the C++ kernels in
 pagedcore._core (cpp/kernels/). Index contents (slots, block ids, sequence lengths) are checked in
 C++ before anything is written, which is cheaper than reading them back through torch here.
-Calls with CUDA tensors go to pagedcore.kernels_cuda (same signatures) when the extension has the
-CUDA kernels and a GPU is visible; otherwise they raise NotImplementedError.
+Calls with CUDA tensors go to pagedcore.ops.attention_cuda (same signatures) when the extension has
+the CUDA kernels and a GPU is visible; otherwise they raise NotImplementedError.
 
 KV cache layout (one tensor for the whole model):
     kv_cache  [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size]
     kv_cache[layer, 0] = key_cache, kv_cache[layer, 1] = value_cache, each
               [num_blocks, num_kv_heads, block_size, head_size]
 Slot of the token at position p: block_table[p // block_size] * block_size + p % block_size.
+Padding: _core.PAD_SLOT in slot_mapping (nothing written), _core.NULL_BLOCK in block tables.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pagedcore import kernel_checks as checks
-from pagedcore.kernel_checks import NULL_BLOCK, PAD_SLOT  # noqa: F401  (re-exported)
-
-from pagedcore import kernels_reference as _reference
-
-try:
-    from pagedcore import _core
-
-    _HAS_CPU_KERNELS = hasattr(_core, "paged_attention_cpu")
-except ImportError:  # the extension is not built: the reference keeps model code working
-    _core = None
-    _HAS_CPU_KERNELS = False
+from pagedcore import _core
+from pagedcore.ops import checks
+from pagedcore.ops.dtypes import CPU_DTYPE_CODES, dtype_code
 
 __all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks"]
 
 MAX_HEAD_SIZE = 256
 
-# dtype codes shared with cpp/kernels/kernel_types.h (DType).
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
-
 
 def _dtype_code(t: torch.Tensor, name: str) -> int:
-    return checks.dtype_code(t, name, _DTYPE_CODE, "the CPU kernels")
+    return dtype_code(t, name, CPU_DTYPE_CODES, "the CPU kernels")
+
+
+def _describe(tensors: dict) -> str:
+    return "; ".join(f"{name} {tuple(t.shape)} {t.dtype} strides {t.stride()} on {t.device}"
+                     if isinstance(t, torch.Tensor) else f"{name} {type(t).__name__}"
+                     for name, t in tensors.items())
 
 
 def _check_cpu(op: str, **tensors: torch.Tensor) -> None:
@@ -50,25 +45,27 @@ def _check_cpu(op: str, **tensors: torch.Tensor) -> None:
     if devices == {"cpu"}:
         return
     if "cuda" in devices:
-        raise NotImplementedError(f"{op}: CUDA kernels are not built/wired yet; got "
-                                  + ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
-                                  + ". Run on CPU tensors for now.")
+        raise NotImplementedError(
+            f"{op}: no CUDA kernels to run CUDA tensors here (pagedcore._core built with CUDA: "
+            f"{_core.has_cuda}; torch sees a GPU: {torch.cuda.is_available()}); got "
+            + ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+            + ". Rebuild with nvcc on the PATH (scripts/dev-build), or pass CPU tensors.")
     raise ValueError(f"{op}: all tensors must be on the CPU; got "
                      + ", ".join(f"{n} on {t.device}" for n, t in tensors.items()))
 
 
 def _cuda_kernels(*tensors):
-    """pagedcore.kernels_cuda when a tensor is on a CUDA device and those kernels are built and a GPU
-    is visible; None otherwise (then _check_cpu explains what is wrong)."""
+    """pagedcore.ops.attention_cuda when a tensor is on a CUDA device and those kernels are built
+    and a GPU is visible; None otherwise (then _check_cpu explains what is wrong)."""
     if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
         return None
-    from pagedcore import kernels_cuda  # imported on first use: CPU-only processes never load it
+    from pagedcore.ops import attention_cuda  # imported on first use: CPU-only processes never load it
 
-    return kernels_cuda if kernels_cuda.is_available() else None
+    return attention_cuda if attention_cuda.is_available() else None
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Writes each token's K/V into the cache at its slot; slot -1 (padding) writes nothing.
+    """Writes each token's K/V into the cache at its slot; slot _core.PAD_SLOT (-1) writes nothing.
 
     key, value:   [num_tokens, num_kv_heads, head_size] fp32/bf16, last stride 1, other strides any
     key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; dtype may
@@ -80,8 +77,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     try:
         kshape, cshape = key.shape, key_cache.shape
         kstride, vstride = key.stride(), value.stride()
-        src_code = _DTYPE_CODE.get(key.dtype)
-        cache_code = _DTYPE_CODE.get(key_cache.dtype)
+        src_code = CPU_DTYPE_CODES.get(key.dtype)
+        cache_code = CPU_DTYPE_CODES.get(key_cache.dtype)
         ok = (key.is_cpu and value.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
               and src_code is not None and cache_code is not None and value.dtype is key.dtype
               and value_cache.dtype is key_cache.dtype and len(kshape) == 3 and len(cshape) == 4
@@ -100,9 +97,6 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     num_tokens = kshape[0]
     if num_tokens == 0:
         return
-    if not _HAS_CPU_KERNELS:
-        _reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-        return
     _core.reshape_and_cache_cpu(
         key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
         slot_mapping.data_ptr(), num_tokens, cshape[1], cshape[3], cshape[0], cshape[2],
@@ -111,8 +105,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Raises the precise error for a call the fast path refused."""
-    _check_cpu("reshape_and_cache", key=key, value=value, key_cache=key_cache,
-               value_cache=value_cache, slot_mapping=slot_mapping)
+    tensors = dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
+    _check_cpu("reshape_and_cache", **tensors)
     checks.check_cache_pair(key_cache, value_cache)
     _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
@@ -125,7 +119,8 @@ def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping
         raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
     _dtype_code(key, "key")
     checks.check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
-    raise ValueError("reshape_and_cache: unsupported arguments (see the docstring for shapes and dtypes)")
+    raise ValueError(f"reshape_and_cache does not support these arguments: {_describe(tensors)} "
+                     "(see its docstring for the shapes, dtypes and strides it takes)")
 
 
 def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
@@ -134,7 +129,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
 
     query, out:      [num_tokens, num_heads, head_size], same dtype (fp32/bf16), last stride 1
     key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous
-    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with -1
+    block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with _core.NULL_BLOCK (-1)
     seq_lens:        int32 [num_seqs], cached tokens including this step's new ones
     query_start_loc: int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
     Row j of sequence s sits at position seq_lens[s] - q_len + j and sees positions [0, it].
@@ -143,8 +138,8 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     try:  # fast path, as in reshape_and_cache
         qshape, cshape, bshape = query.shape, key_cache.shape, block_tables.shape
         qstride, ostride = query.stride(), out.stride()
-        q_code = _DTYPE_CODE.get(query.dtype)
-        cache_code = _DTYPE_CODE.get(key_cache.dtype)
+        q_code = CPU_DTYPE_CODES.get(query.dtype)
+        cache_code = CPU_DTYPE_CODES.get(key_cache.dtype)
         head_size = cshape[3]
         ok = (query.is_cpu and out.is_cpu and key_cache.is_cpu and value_cache.is_cpu and block_tables.is_cpu
               and seq_lens.is_cpu and query_start_loc.is_cpu
@@ -174,10 +169,6 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     num_tokens, num_seqs = qshape[0], bshape[0]
     if num_tokens == 0:
         return
-    if not _HAS_CPU_KERNELS:
-        _reference.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                   query_start_loc, scale)
-        return
     _core.paged_attention_cpu(
         out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
@@ -188,8 +179,9 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
 def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc) -> None:
     """Raises the precise error for a call the fast path refused."""
-    _check_cpu("paged_attention", out=out, query=query, key_cache=key_cache, value_cache=value_cache,
-               block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
+    tensors = dict(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                   seq_lens=seq_lens, query_start_loc=query_start_loc)
+    _check_cpu("paged_attention", **tensors)
     checks.check_cache_pair(key_cache, value_cache)
     _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
@@ -218,7 +210,8 @@ def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, 
     num_seqs = block_tables.shape[0]
     checks.check_int_vector(seq_lens, "seq_lens", torch.int32, num_seqs)
     checks.check_int_vector(query_start_loc, "query_start_loc", torch.int32, num_seqs + 1)
-    raise ValueError("paged_attention: unsupported arguments (see the docstring for shapes and dtypes)")
+    raise ValueError(f"paged_attention does not support these arguments: {_describe(tensors)} "
+                     "(see its docstring for the shapes, dtypes and strides it takes)")
 
 
 def _check_block_mapping(block_mapping: torch.Tensor) -> torch.Tensor:
@@ -242,11 +235,6 @@ def copy_blocks(kv_cache, block_mapping) -> None:
     _dtype_code(kv_cache, "kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
-        return
-    if not _HAS_CPU_KERNELS:
-        _check_block_ids(block_mapping[:, 0], kv_cache.shape[2], "src")
-        _check_block_ids(block_mapping[:, 1], kv_cache.shape[2], "dst")
-        _reference.copy_blocks(kv_cache, block_mapping)
         return
     num_layers, _, num_blocks = kv_cache.shape[:3]
     _core.copy_blocks_cpu(kv_cache.data_ptr(), kv_cache.data_ptr(), block_mapping.data_ptr(),
@@ -281,18 +269,7 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return
-    if not _HAS_CPU_KERNELS:
-        _check_block_ids(block_mapping[:, 0], src_kv_cache.shape[2], "src")
-        _check_block_ids(block_mapping[:, 1], dst_kv_cache.shape[2], "dst")
-        _reference.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
-        return
     num_layers = src_kv_cache.shape[0]
     _core.copy_blocks_cpu(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), block_mapping.data_ptr(),
                           block_mapping.shape[0], num_layers * 2, src_kv_cache.shape[2],
                           dst_kv_cache.shape[2], src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size())
-
-
-def _check_block_ids(ids: torch.Tensor, num_blocks: int, what: str) -> None:
-    # Only on the reference path; the C++ kernels check ids themselves.
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise IndexError(f"block_mapping has a {what} block id outside [0, {num_blocks})")

@@ -1,20 +1,21 @@
-"""Naive torch versions of the four cache/attention kernels: the test oracle for pagedcore.kernels.
+"""Naive torch versions of the four paged KV-cache ops: the test oracle for pagedcore.ops.attention
+and pagedcore.ops.attention_cuda (tests/kernels, tests/gpu) and the baseline of bench/bench_attention.py.
+Never run by the engine.
 
 Written for obviousness, not speed: K/V are gathered through the block table one sequence at a
 time, the causal mask is explicit and the softmax runs in fp32. No argument checking beyond what
-torch itself does; call pagedcore.kernels for that.
+torch itself does; the ops check.
 """
 
 from __future__ import annotations
 
 import torch
 
-PAD_SLOT = -1  # slot_mapping entry: write nothing
-NULL_BLOCK = -1  # block_tables entry: padding
+from pagedcore._core import NULL_BLOCK, PAD_SLOT
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Writes key[i]/value[i] ([num_kv_heads, head_size]) at slot_mapping[i], skipping -1.
+    """Writes key[i]/value[i] ([num_kv_heads, head_size]) at slot_mapping[i], skipping PAD_SLOT.
 
     A slot s lives at key_cache[s // block_size, :, s % block_size, :].
     """

@@ -1,0 +1,102 @@
+// pagedcore._core.DecoderStack (cpp/kernels/decoder_stack.h): every decoder layer's weight pointers,
+// bound once at load by pagedcore.layers.decoder_stack; run() takes one step's buffers and metadata.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
+
+#include "bindings/bind_common.h"
+#include "kernels/decoder_stack.h"
+
+namespace pagedcore {
+namespace bindings {
+
+void bind_decoder_stack(py::module_& m) {
+  py::class_<kernels::DecoderStack>(
+      m, "DecoderStack", "Weight pointers of every decoder layer (pagedcore.layers.decoder_stack builds it).")
+      .def(py::init([](const std::vector<std::vector<uintptr_t>>& layer_ptrs, int64_t hidden_size, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t intermediate_size, double rms_norm_eps,
+                       double attn_scale, int32_t dtype, int32_t isa) {
+             kernels::DecoderStack s;
+             for (const auto& v : layer_ptrs) {
+               if (v.size() != 9)
+                 throw py::value_error("each layer needs 9 pointers: input_norm, post_norm, q_norm, k_norm, qkv, "
+                                       "qkv_bias, o_proj, gate_up, down");
+               kernels::DecoderLayerWeights w;
+               w.input_norm = ptr<const void>(v[0]);
+               w.post_norm = ptr<const void>(v[1]);
+               w.q_norm = ptr<const void>(v[2]);
+               w.k_norm = ptr<const void>(v[3]);
+               w.qkv = ptr<const void>(v[4]);
+               w.qkv_bias = ptr<const void>(v[5]);
+               w.o_proj = ptr<const void>(v[6]);
+               w.gate_up = ptr<const void>(v[7]);
+               w.down = ptr<const void>(v[8]);
+               s.layers.push_back(w);
+             }
+             s.sizes.hidden_size = hidden_size;
+             s.sizes.num_heads = num_heads;
+             s.sizes.num_kv_heads = num_kv_heads;
+             s.sizes.head_dim = head_dim;
+             s.sizes.intermediate_size = intermediate_size;
+             s.sizes.rms_norm_eps = static_cast<float>(rms_norm_eps);
+             s.sizes.attn_scale = static_cast<float>(attn_scale);
+             s.sizes.dtype = to_dtype(dtype);
+             s.isa = to_isa(isa);
+             return s;
+           }),
+           py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
+           py::arg("dtype"), py::arg("isa") = -1)
+      .def(
+          "run",
+          [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,
+             uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks, int64_t block_size, uintptr_t slot_mapping,
+             uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs,
+             int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens) {
+            kernels::DecoderStackParams step;
+            step.hidden = ptr<void>(hidden);
+            step.residual = ptr<void>(residual);
+            step.num_tokens = num_tokens;
+            step.cos_sin = ptr<const void>(cos_sin);
+            step.kv_cache = ptr<void>(kv_cache);
+            step.cache_dtype = to_dtype(cache_dtype);
+            step.num_blocks = num_blocks;
+            step.block_size = block_size;
+            step.slot_mapping = ptr<const int64_t>(slot_mapping);
+            step.block_tables = ptr<const int32_t>(block_tables);
+            step.seq_lens = ptr<const int32_t>(seq_lens);
+            step.query_start_loc = ptr<const int32_t>(query_start_loc);
+            step.num_seqs = num_seqs;
+            step.max_blocks_per_seq = max_blocks_per_seq;
+            step.max_query_len = max_query_len;
+            step.max_seq_len = max_seq_len;
+            step.num_actual_tokens = num_actual_tokens;
+            kernels::Status status;
+            {
+              py::gil_scoped_release release;
+              status = s.run(step);
+            }
+            raise_if_error(status);
+          },
+          py::arg("hidden"), py::arg("residual"), py::arg("num_tokens"), py::arg("cos_sin"), py::arg("kv_cache"),
+          py::arg("cache_dtype"), py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"),
+          py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("num_seqs"),
+          py::arg("max_blocks_per_seq"), py::arg("max_query_len"), py::arg("max_seq_len"),
+          py::arg("num_actual_tokens"), "One step through every layer (raw pointers; checked by the caller).")
+      .def_readwrite("profiling", &kernels::DecoderStack::profiling, "Accumulate seconds per op (see profile()).")
+      .def(
+          "profile",
+          [](kernels::DecoderStack& s, bool reset) {
+            py::dict d;
+            for (int op = 0; op < kernels::kNumStackOps; ++op) {
+              d[kernels::stack_op_name(op)] = s.op_seconds[op];
+              if (reset) s.op_seconds[op] = 0.0;
+            }
+            return d;
+          },
+          py::arg("reset") = false, "Seconds per op accumulated while profiling was on.");
+}
+
+}  // namespace bindings
+}  // namespace pagedcore

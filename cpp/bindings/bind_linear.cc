@@ -1,0 +1,72 @@
+// pagedcore._core's linear-layer entries (cpp/kernels/linear.h): the weight formats, LinearHandle
+// (a layer's weight-side arguments bound once at load, so a decode call passes five numbers), the
+// task-size knobs and the read-bandwidth probe. pagedcore.ops.linear checks the tensors.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind_common.h"
+#include "kernels/linear.h"
+
+namespace pagedcore {
+namespace bindings {
+
+void bind_linear(py::module_& m) {
+  py::enum_<kernels::WeightFormat>(m, "WeightFormat", "How a linear layer's weight [N, K] is stored.")
+      .value("DENSE_F32", kernels::WeightFormat::kDenseF32)
+      .value("DENSE_BF16", kernels::WeightFormat::kDenseBf16)
+      .value("INT8_PER_CHANNEL", kernels::WeightFormat::kInt8PerChannel)
+      .value("Q4_0", kernels::WeightFormat::kQ4_0)
+      .value("Q4_1", kernels::WeightFormat::kQ4_1)
+      .value("Q8_0", kernels::WeightFormat::kQ8_0);
+  py::class_<kernels::LinearLayer>(m, "LinearHandle",
+                                   "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
+      .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,
+                       kernels::WeightFormat weight_format, int32_t bias_dtype, int32_t out_dtype, int32_t epilogue,
+                       int32_t isa) {
+             if (epilogue != 0 && epilogue != 1) throw py::value_error("unknown epilogue code");
+             kernels::LinearLayer layer;
+             layer.params.weight = ptr<const void>(weight);
+             layer.params.bias = ptr<const void>(bias);
+             layer.params.N = N;
+             layer.params.K = K;
+             layer.params.x_dtype = to_dtype(x_dtype);
+             layer.params.weight_format = weight_format;
+             layer.params.bias_dtype = to_dtype(bias_dtype);
+             layer.params.out_dtype = to_dtype(out_dtype);
+             layer.params.epilogue = static_cast<kernels::LinearEpilogue>(epilogue);
+             layer.isa = to_isa(isa);
+             return layer;
+           }),
+           py::kw_only(), py::arg("weight"), py::arg("bias"), py::arg("N"), py::arg("K"), py::arg("x_dtype"),
+           py::arg("weight_format"), py::arg("bias_dtype"), py::arg("out_dtype"), py::arg("epilogue"),
+           py::arg("isa") = -1)
+      .def(
+          "__call__",
+          [](const kernels::LinearLayer& layer, uintptr_t out, uintptr_t x, int64_t M, int64_t x_stride,
+             int64_t out_stride) {
+            kernels::Status status;
+            {
+              py::gil_scoped_release release;
+              status = layer.run(ptr<void>(out), ptr<const void>(x), M, x_stride, out_stride);
+            }
+            raise_if_error(status);
+          },
+          py::arg("out"), py::arg("x"), py::arg("M"), py::arg("x_stride"), py::arg("out_stride"),
+          "out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller).");
+  m.def(
+      "set_linear_tuning",
+      [](int64_t n_chunk, int64_t m_chunk) { kernels::set_linear_tuning({n_chunk, m_chunk}); },
+      py::arg("n_chunk") = 0, py::arg("m_chunk") = 0,
+      "Task sizes of the linear kernel (tests, benchmarks); 0 restores a default.");
+  m.def(
+      "linear_read_probe",
+      [](uintptr_t data, int64_t bytes, int threads, int32_t isa) {
+        const kernels::Isa chosen = isa_or_active(isa);
+        py::gil_scoped_release release;
+        return kernels::read_probe(ptr<const void>(data), bytes, threads, chosen);
+      },
+      py::arg("data"), py::arg("bytes"), py::arg("threads"), py::arg("isa") = -1,
+      "Streams bytes from data on threads threads (the bandwidth probe of bench/bench_decode.py).");
+}
+
+}  // namespace bindings
+}  // namespace pagedcore

@@ -1,0 +1,103 @@
+// The AVX2 + FMA vector trait: 8 fp32 lanes, 16 registers; the interface of vec_generic.h. Include
+// only from a unit compiled with -mavx2 -mfma -mf16c, after defining PC_ISA_NAMESPACE: the trait
+// lives in that unit's namespace (see vec_generic.h).
+#pragma once
+
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including vec_avx2.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/vec_exp.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+struct VecAvx2 {
+  static constexpr int W = 8;
+  static constexpr int kRegs = 16;
+  static constexpr bool kHasDotBf16 = false;
+  using R = __m256;
+  using RI = __m256i;  // 16 bf16
+  using M = __m256;    // all-ones lanes where true
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, R a) { _mm256_storeu_ps(p, a); }
+  static R load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static __m256i round_bits(R a) {  // fp32 bits rounded to nearest even bf16 in the top half; NaN quiet
+    const __m256i bits = _mm256_castps_si256(a);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    const __m256i quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+  }
+  static R round_bf16(R a) {
+    return _mm256_castsi256_ps(_mm256_and_si256(round_bits(a), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static void store_bf16(uint16_t* p, R a) {
+    const __m256i r = _mm256_srli_epi32(round_bits(a), 16);
+    // packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; gather qwords 0 and 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  // bf16 is the top half of an fp32: even elements are the 32-bit lanes << 16, odd ones & 0xffff0000.
+  static void load_bf16_pairs(const uint16_t* p, R& even, R& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static RI load_i(const uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static R dot_bf16(R acc, RI x, RI w) {  // not used on AVX2 (kHasDotBf16 false); correct anyway
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi)), _mm256_castsi256_ps(_mm256_and_si256(w, hi)),
+                          acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+                           _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), acc);
+  }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R div(R a, R b) { return _mm256_div_ps(a, b); }
+  static R min(R a, R b) { return _mm256_min_ps(a, b); }
+  static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R fnmadd(R a, R b, R c) { return _mm256_fnmadd_ps(a, b, c); }
+  static R mul_add(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R round_nearest(R a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static R pow2n(R n) {  // 2^n for integral n in the normal range: n + 127 in the exponent field
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static M less(R a, R b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static R zero_where(M m, R a) { return _mm256_andnot_ps(m, a); }
+  static R exp(R x) { return vec_exp<VecAvx2>(x); }
+  static float reduce_add(R a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static void reduce_add4(R a, R b, R c, R d, float* out) {
+    // a0123 b0123 c0123 d0123 | a4567 b4567 c4567 d4567
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
+  static float reduce_max(R a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,108 @@
+// The AVX-512 vector trait: 16 fp32 lanes, 32 registers; the interface of vec_generic.h, lane for
+// lane the algorithm of VecAvx2. Include only from a unit compiled with -mavx512f -mavx512bw
+// -mavx512vl -mavx512dq, after defining PC_ISA_NAMESPACE (see vec_generic.h). A unit compiled with
+// -mavx512bf16 as well gets vdpbf16ps for dot_bf16 (kHasDotBf16).
+#pragma once
+
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including vec_avx512.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/vec_exp.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+struct VecAvx512 {
+  static constexpr int W = 16;
+  static constexpr int kRegs = 32;
+#ifdef __AVX512BF16__
+  static constexpr bool kHasDotBf16 = true;
+#else
+  static constexpr bool kHasDotBf16 = false;
+#endif
+  using R = __m512;
+  using RI = __m512i;  // 32 bf16
+  using M = __mmask16;
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float x) { return _mm512_set1_ps(x); }
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, R a) { _mm512_storeu_ps(p, a); }
+  static R load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512i round_bits(R a) {  // fp32 bits rounded to nearest even bf16 in the top half; NaN quiet
+    const __m512i bits = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    const __m512i quiet_nan = _mm512_or_si512(bits, _mm512_set1_epi32(0x400000));
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    return _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
+  }
+  static R round_bf16(R a) {
+    return _mm512_castsi512_ps(_mm512_and_si512(round_bits(a), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static void store_bf16(uint16_t* p, R a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bits(a), 16)));
+  }
+  // bf16 is the top half of an fp32: even elements are the 32-bit lanes << 16, odd ones & 0xffff0000.
+  static void load_bf16_pairs(const uint16_t* p, R& even, R& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static RI load_i(const uint16_t* p) { return _mm512_loadu_si512(p); }
+  static R dot_bf16(R acc, RI x, RI w) {
+#ifdef __AVX512BF16__
+    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+#else  // unused without AVX512-BF16 (kHasDotBf16 false); correct anyway
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, hi)), _mm512_castsi512_ps(_mm512_and_si512(w, hi)),
+                          acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+#endif
+  }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R div(R a, R b) { return _mm512_div_ps(a, b); }
+  static R min(R a, R b) { return _mm512_min_ps(a, b); }
+  static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R fnmadd(R a, R b, R c) { return _mm512_fnmadd_ps(a, b, c); }
+  static R mul_add(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R round_nearest(R a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static R pow2n(R n) {  // 2^n for integral n in the normal range: n + 127 in the exponent field
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static M less(R a, R b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static R zero_where(M m, R a) { return _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), a); }
+  static R exp(R x) { return vec_exp<VecAvx512>(x); }
+  static float reduce_add(R a) {  // halves folded: the order of VecAvx2::reduce_add
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static void reduce_add4(R a, R b, R c, R d, float* out) {  // each folded to 8 lanes, then as VecAvx2
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
+  static float reduce_max(R a) { return _mm512_reduce_max_ps(a); }
+};
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,182 @@
+// The portable vector trait: W fp32 lanes as plain loops over an array, vectorised by the compiler
+// for the baseline ISA. One of the three trait headers (vec_generic.h, vec_avx2.h, vec_avx512.h)
+// that every kernel family (attention_impl.h, linear_impl.h, norm_impl.h) is written against.
+//
+// A kernel translation unit defines PC_ISA_NAMESPACE (e.g. linear_generic16) and includes one trait
+// header: the trait is defined inside that per-unit namespace, so each unit compiles its own copy
+// with its own flags and no inline function is shared between units (see attention_kernel.h).
+//
+// The interface, the same in every trait (R: W floats; RI: 2 W bf16; M: a lane mask):
+//   W, kRegs (vector registers of the ISA), kHasDotBf16 (dot_bf16 is the hardware's)
+//   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32)
+//   load_bf16_pairs (2 W bf16 -> even, odd lanes) load_i dot_bf16 (vdpbf16ps)
+//   add sub mul div min max
+//   fmadd, fnmadd:  a * b + c, c - a * b with one rounding, as an FMA unit (the linear and norm
+//                   kernels rely on it: every ISA rounds their sums alike)
+//   mul_add:        a * b + c at the ISA's speed: fused on the AVX traits, a multiply then an add
+//                   here (a scalar fma call per lane would be slow; the attention kernel uses it)
+//   exp reduce_add (pairwise, halves folded as the AVX traits do) reduce_add4 reduce_max
+//   round_nearest pow2n less zero_where: the pieces of vec_exp.h's polynomial (AVX traits only)
+//
+// VecGeneric<kW, kEmulateDotBf16>: kEmulateDotBf16 = true makes dot_bf16 an emulation of
+// AVX512-BF16's vdpbf16ps (kHasDotBf16), so that kernel's tiling is tested on any CPU.
+#pragma once
+
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including vec_generic.h"
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+inline float bf16_bits_to_float(uint32_t h) {
+  const uint32_t bits = h << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest even; NaN stays a quiet NaN (as kernel_types.h float_to_bf16).
+inline uint16_t float_to_bf16_rne(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+template <int kW, bool kEmulateDotBf16>
+struct VecGeneric {
+  static constexpr int W = kW;
+  static constexpr int kRegs = kW == 8 ? 16 : 32;  // the register file of the ISA this stands in for
+  static constexpr bool kHasDotBf16 = kEmulateDotBf16;
+  struct R {
+    float v[kW];
+  };
+  struct RI {  // 2 W bf16 values
+    uint16_t v[2 * kW];
+  };
+  static R zero() { return set1(0.f); }
+  static R set1(float x) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = x;
+    return r;
+  }
+  static R load(const float* p) {
+    R r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static void store(float* p, const R& a) { std::memcpy(p, a.v, sizeof a.v); }
+  static R load_bf16(const uint16_t* p) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = bf16_bits_to_float(p[i]);
+    return r;
+  }
+  static void store_bf16(uint16_t* p, const R& a) {
+    for (int i = 0; i < W; ++i) p[i] = float_to_bf16_rne(a.v[i]);
+  }
+  static R round_bf16(const R& a) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = bf16_bits_to_float(float_to_bf16_rne(a.v[i]));
+    return r;
+  }
+  // 2 W bf16 at p: even = p[0], p[2], ..., odd = p[1], p[3], ... widened to fp32.
+  static void load_bf16_pairs(const uint16_t* p, R& even, R& odd) {
+    for (int i = 0; i < W; ++i) {
+      even.v[i] = bf16_bits_to_float(p[2 * i]);
+      odd.v[i] = bf16_bits_to_float(p[2 * i + 1]);
+    }
+  }
+  static RI load_i(const uint16_t* p) {
+    RI r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  // vdpbf16ps: acc[i] += x[2i+1] * w[2i+1] + x[2i] * w[2i] (bf16 products are exact in fp32; the
+  // hardware adds them into acc in this order, flushing denormals, which test data avoids).
+  static R dot_bf16(const R& acc, const RI& x, const RI& w) {
+    R r;
+    for (int i = 0; i < W; ++i) {
+      float s = acc.v[i] + bf16_bits_to_float(x.v[2 * i + 1]) * bf16_bits_to_float(w.v[2 * i + 1]);
+      r.v[i] = s + bf16_bits_to_float(x.v[2 * i]) * bf16_bits_to_float(w.v[2 * i]);
+    }
+    return r;
+  }
+  static R add(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i];
+    return r;
+  }
+  static R sub(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - b.v[i];
+    return r;
+  }
+  static R mul(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i];
+    return r;
+  }
+  static R div(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] / b.v[i];
+    return r;
+  }
+  static R min(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i];
+    return r;
+  }
+  static R max(const R& a, const R& b) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+    return r;
+  }
+  static R fmadd(const R& a, const R& b, const R& c) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return r;
+  }
+  static R fnmadd(const R& a, const R& b, const R& c) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = std::fma(-a.v[i], b.v[i], c.v[i]);
+    return r;
+  }
+  static R mul_add(const R& a, const R& b, const R& c) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i];
+    return r;
+  }
+  static R exp(const R& a) {  // exp(-inf) = 0 exactly
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = std::exp(a.v[i]);
+    return r;
+  }
+  static float reduce_add(const R& a) {
+    float t[kW];
+    std::memcpy(t, a.v, sizeof t);
+    for (int n = W / 2; n >= 1; n /= 2)
+      for (int i = 0; i < n; ++i) t[i] += t[i + n];
+    return t[0];
+  }
+  static void reduce_add4(const R& a, const R& b, const R& c, const R& d, float* out) {
+    out[0] = reduce_add(a);
+    out[1] = reduce_add(b);
+    out[2] = reduce_add(c);
+    out[3] = reduce_add(d);
+  }
+  static float reduce_max(const R& a) {
+    float s = a.v[0];
+    for (int i = 1; i < W; ++i) s = a.v[i] > s ? a.v[i] : s;
+    return s;
+  }
+};
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,111 @@
+"""Worker: what runs the model for the engine, and InProcessWorker, the one that runs it here.
+
+The engine reaches the model only through this interface and plain values (a StepInput in, logits
+out, byte counts back), so process or Ray workers for tensor and pipeline parallelism can later
+stand behind it without the step loop changing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from pagedcore.engine import kv_cache as kvc
+from pagedcore.engine.model_runner import ModelRunner
+from pagedcore.engine.step_input import StepInput
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """A worker's device memory around a profiled forward of the largest step."""
+    total_bytes: int        # the device's memory
+    peak_bytes: int         # weights + activations + logits at the peak (the scratch KV cache left out)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """What a worker holds once set up."""
+    weight_bytes: int       # parameters and buffers of the model
+    kv_cache_bytes: int     # the device KV cache
+    swap_bytes: int         # the host swap pool (0 without swap space)
+
+
+class Worker(ABC):
+    """Holds the model's weights and KV cache on one device and runs one step at a time.
+
+    Order of calls: load_model, profile_memory (GPU only: sizes the cache), init_kv_cache, then
+    execute_step once per engine step."""
+
+    @abstractmethod
+    def load_model(self) -> None:
+        """Puts the weights on the worker's device."""
+
+    @abstractmethod
+    def profile_memory(self, spec: kvc.KVCacheSpec, shape: kvc.ProfileShape) -> MemoryProfile:
+        """Runs a dummy forward of the given shape through a scratch KV cache and reports the peak."""
+
+    @abstractmethod
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
+        """Allocates the device KV cache (num_blocks) and the host swap pool (num_cpu_blocks, may be 0)."""
+
+    @abstractmethod
+    def execute_step(self, step: StepInput) -> torch.Tensor:
+        """Block moves, then the forward. Returns fp32 logits [num_logits_rows, vocab] (step.logits_indices)."""
+
+    @abstractmethod
+    def memory_report(self) -> MemoryReport:
+        """Bytes held: weights, KV cache, swap pool."""
+
+
+class InProcessWorker(Worker):
+    """The model in this process, driven through a ModelRunner."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.runner = ModelRunner(model, self.device)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    def load_model(self) -> None:
+        # The loader builds the model on the host; a CPU model is used where it is.
+        if self.device.type == "cuda":
+            self.runner.model.to(self.device)
+
+    def profile_memory(self, spec: kvc.KVCacheSpec, shape: kvc.ProfileShape) -> MemoryProfile:
+        if self.device.type != "cuda":
+            raise ValueError(f"memory profiling measures a CUDA device, this worker runs on {self.device}")
+        device = self.device
+        scratch = kvc.allocate(spec, shape.num_blocks(spec.block_size), device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self.runner.profile_forward(scratch, shape.num_tokens, shape.num_seqs, shape.seq_len, shape.num_logits_rows)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - scratch.numel() * scratch.element_size()
+        del scratch
+        torch.cuda.empty_cache()
+        _, total = torch.cuda.mem_get_info(device)
+        return MemoryProfile(total_bytes=total, peak_bytes=peak)
+
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
+        kv_cache = kvc.allocate(spec, num_blocks, self.device)
+        # Pinned on a GPU machine, so swaps are asynchronous copies.
+        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda")
+                        if num_cpu_blocks else None)
+        self.runner.bind_kv_cache(kv_cache, cpu_kv_cache)
+
+    def execute_step(self, step: StepInput) -> torch.Tensor:
+        return self.runner.execute(step)
+
+    def memory_report(self) -> MemoryReport:
+        model = self.runner.model
+        weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        return MemoryReport(weight_bytes=weight_bytes, kv_cache_bytes=_nbytes(self.runner.kv_cache),
+                            swap_bytes=_nbytes(self.runner.cpu_kv_cache))
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
