@@ -1,6 +1,7 @@
 """Structured output through both front ends of a real `pagedcore serve` on the default model
 (SmolLM2-135M-Instruct): OpenAI HTTP (response_format, structured_outputs, guided_*; streaming and
-not; the official client) and TGIS gRPC (the decoding oneof), plus their refusals of bad constraints."""
+not; the official client, its parse() and a tool round trip) and TGIS gRPC (the decoding oneof), plus
+their refusals of bad or oversized constraints, and the structured-output metrics."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ ASK = [{"role": "user", "content": "Describe Alice, who is 30 years old, as JSON
 def server():
     grpc_port = free_port()
     process = ServerProcess("--grpc-port", str(grpc_port), "--served-model-name", "smol",
-                            "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+                            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                            "--structured-outputs-max-bytes", "32KiB")
     try:
         process.wait_ready()
         process.grpc_port = grpc_port
@@ -263,3 +265,90 @@ def test_grpc_bad_constraint_is_invalid_argument(stub, decoding, field):
         generate(stub, decoding)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith(f"{field} could not be compiled: ")
+
+
+# -- bounds, parallel_tool_calls, metrics, the SDK's parse() and a tool round trip -------------------------
+HUGE = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(2000)}}   # ~50 KB
+
+
+def test_an_oversized_schema_is_a_400_and_the_server_carries_on(http):
+    response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 5, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "huge", "schema": HUGE}}})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format.json_schema.schema", error
+    assert "more than the limit of 32768" in error["message"] and "--structured-outputs-max-bytes" in error["message"]
+    assert chat(http, guided_choice=["yes", "no"], max_tokens=5)["choices"][0]["message"]["content"] in ("yes", "no")
+
+
+def test_grpc_oversized_schema_is_invalid_argument(stub):
+    with pytest.raises(grpc.RpcError) as refused:
+        generate(stub, pb.DecodingParameters(json_schema=json.dumps(HUGE)))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("params.decoding.json_schema could not be compiled: it is ")
+
+
+def test_tool_choice_naming_an_unknown_function_is_a_400(http):
+    response = http.post("/v1/chat/completions", json={
+        "messages": WEATHER_ASK, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice", response.text
+
+
+def test_parallel_tool_calls_false_gives_one_call(http):
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    body = chat(http, messages=WEATHER_ASK, tools=[WEATHER, time_tool], tool_choice="required",
+                parallel_tool_calls=False, max_tokens=60)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
+
+
+def test_metrics_count_compiles_and_cache_hits(http, server):
+    for _ in range(2):    # the second request finds its grammar compiled
+        chat(http, guided_regex="[0-9]{3}", max_tokens=5)
+    text = httpx.get(server.url + "/metrics").text
+    def value(name):
+        line = next(l for l in text.splitlines() if l.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+    assert value("pagedcore:structured_output_cache_hits_total") >= 1
+    assert value("pagedcore:structured_output_cache_misses_total") >= 1
+    assert value("pagedcore:structured_output_compile_time_seconds_count") >= 1
+
+
+def test_openai_client_parse_with_a_pydantic_model(server):
+    import openai
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        age: int = pydantic.Field(ge=0, le=150)
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        reply = client.beta.chat.completions.parse(model="smol", messages=ASK, temperature=0, max_tokens=40,
+                                                   response_format=Person)
+        person = reply.choices[0].message.parsed
+        assert isinstance(person, Person) and person.age == 30, reply
+    finally:
+        client.close()
+
+
+def test_openai_client_tool_round_trip(server, http):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        first = client.chat.completions.create(model="smol", messages=WEATHER_ASK, tools=[WEATHER],
+                                               tool_choice="required", temperature=0, max_tokens=60)
+        call = first.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather" and first.choices[0].finish_reason == "tool_calls"
+        messages = [*WEATHER_ASK, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"}]
+        final = client.chat.completions.create(model="smol", messages=messages, tools=[WEATHER], tool_choice="none",
+                                               temperature=0, max_tokens=30)
+        assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    finally:
+        client.close()
+    # The tool's answer reaches the model: SmolLM2's template renders a "tool" turn with its content.
+    tokens = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    prompt = http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+    assert "<|im_start|>tool\nSunny, 24 degrees<|im_end|>" in prompt, prompt

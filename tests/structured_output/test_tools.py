@@ -90,3 +90,16 @@ def test_constrained_stream_sends_the_calls_at_the_end():
     assert stream.feed('"parameters": {"city": "Paris"}}]') == ""
     rest, calls = stream.finish()
     assert rest == "" and len(calls) == 1
+
+
+def test_parallel_tool_calls_false_allows_one_call():
+    plan = plan_tools([WEATHER, TIME], "required", None, parallel_tool_calls=False)
+    assert plan.constraint.json["maxItems"] == 1 and plan.max_calls == 1
+    grammar = GrammarCache(tiny_models.make_tokenizer(), tiny_models.VOCAB_SIZE, [2]).compile(plan.constraint)
+    one = '[{"name": "get_time", "parameters": {}}]'
+    assert new_matcher(grammar).accept_string(one)
+    assert not new_matcher(grammar).accept_string(one[:-1] + ', {"name": "get_time", "parameters": {}}]')
+    assert "maxItems" not in plan_tools([WEATHER], "required", None, parallel_tool_calls=True).constraint.json
+    auto = plan_tools([WEATHER], "auto", "hermes", parallel_tool_calls=False)
+    two = '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>' * 2
+    assert len(auto.calls_of(two)[1]) == 1 and len(plan_tools([WEATHER], "auto", "hermes").calls_of(two)[1]) == 2

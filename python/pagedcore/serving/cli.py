@@ -7,6 +7,8 @@ import os
 
 from pagedcore.config import parse_memory_size
 from pagedcore.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from pagedcore.structured_output.limits import DEFAULT_COMPILE_TIMEOUT_S
+from pagedcore.structured_output.limits import DEFAULT_MAX_BYTES as DEFAULT_MAX_CONSTRAINT_BYTES
 
 DEFAULT_PORT = 8000
 DEFAULT_GRPC_PORT = 8033
@@ -65,6 +67,15 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--tool-call-parser", default=None, choices=["hermes"],
                    help="how tool calls are found in the reply with --enable-auto-tool-choice: hermes = "
                         "<tool_call>{...}</tool_call> (Hermes, Qwen2.5, and models trained on that format)")
+    g.add_argument("--structured-outputs-max-bytes", type=_byte_size, default=DEFAULT_MAX_CONSTRAINT_BYTES,
+                   metavar="BYTES",
+                   help="largest constraint (JSON schema, regex, grammar, choices; tools with tool_choice required "
+                        "or named) a request may send, in bytes or a size like 256KiB (default 128KiB); larger "
+                        "gets 400 / INVALID_ARGUMENT")
+    g.add_argument("--structured-outputs-compile-timeout", type=float, default=DEFAULT_COMPILE_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="longest a constraint may take to compile (default 10); one that takes longer gets 400 / "
+                        "INVALID_ARGUMENT and is refused from then on")
     g.add_argument("--enable-trace", action="store_true",
                    help="record the engine's per-step trace (for the live simulator page)")
     g.add_argument("--trace-file", default=None, metavar="FILE",
@@ -89,6 +100,7 @@ def cmd_serve(args) -> int:
     from pagedcore.serving.auth import parse_api_keys
     from pagedcore.serving.openai.chat_template import load_chat_template
     from pagedcore.serving.state import ServerState
+    from pagedcore.structured_output.limits import ConstraintLimits
 
     if args.model and args.model_option and args.model != args.model_option:
         raise ValueError(f"two models given ({args.model!r} and --model {args.model_option!r}); give one")
@@ -104,10 +116,16 @@ def cmd_serve(args) -> int:
     config = engine_config_from_args(args, model=model, enable_trace=args.enable_trace)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
+    try:
+        limits = ConstraintLimits(args.structured_outputs_max_bytes, args.structured_outputs_compile_timeout)
+    except ValueError:
+        raise ValueError("--structured-outputs-max-bytes and --structured-outputs-compile-timeout must be positive, "
+                         f"got {args.structured_outputs_max_bytes} and {args.structured_outputs_compile_timeout}") \
+            from None
     state = ServerState(served_model_names=served_names(args, model),
                         max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key),
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        tool_call_parser=args.tool_call_parser)
+                        tool_call_parser=args.tool_call_parser, constraint_limits=limits)
     try:
         return server.run(args, config, state, load_chat_template(args.chat_template))
     except OSError as error:

@@ -5,7 +5,9 @@ Two sources, so that the HTTP thread never touches the engine:
     engine thread publishes after each step (running / waiting / swapped, KV usage, prefix cache,
     preemptions);
   - token counters and latency histograms are fed on the engine thread by a step hook, from the
-    step's outputs and their RequestMetrics.
+    step's outputs and their RequestMetrics;
+  - structured output: the grammar cache's hit / miss counts are read at scrape time, and each compile's
+    time is observed by the thread that compiled (a front end's worker, or the engine's).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ P = "pagedcore:"
 _TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
          40.0, 80.0, 160.0, 640.0, 2560.0]
 _ITL = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+_COMPILE = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
             480.0, 960.0, 1920.0, 7680.0]
 
@@ -75,6 +78,24 @@ class _SnapshotCollector:
             yield c
 
 
+class _GrammarCacheCollector:
+    """The grammar cache's hits and misses (GrammarCache counts them), read at scrape time."""
+
+    def __init__(self, grammars, model_name: str):
+        self.grammars = grammars
+        self.labels = [model_name]
+
+    def collect(self):
+        for name, doc, value in (
+                ("structured_output_cache_hits", "Constraints found compiled in the grammar cache.",
+                 self.grammars.num_hits),
+                ("structured_output_cache_misses", "Constraints compiled (not in the grammar cache).",
+                 self.grammars.num_misses)):
+            c = CounterMetricFamily(P + name, doc, labels=["model_name"])
+            c.add_metric(self.labels, value)
+            yield c
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot | None], max_model_len: int):
         disable_created_metrics()   # no *_created series: vLLM leaves them out too, they double the output
@@ -104,7 +125,15 @@ class ServerMetrics:
         self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", tokens)
         self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.",
                                                    tokens)
+        self.constraint_compile_time = histogram("structured_output_compile_time_seconds",
+                                                 "Time to compile a constraint that compiled (cache misses).",
+                                                 _COMPILE)
         self._live: dict[str, _Live] = {}
+
+    def watch_grammars(self, grammars) -> None:
+        """Exports a GrammarCache's hits, misses and compile times (once, when the engine is attached)."""
+        grammars.compile_listeners.append(self.constraint_compile_time.observe)
+        self.registry.register(_GrammarCacheCollector(grammars, self._model_name))
 
     def on_step(self, outputs: list[RequestOutput], timing: dict | None) -> None:
         """The async engine's step hook (engine thread): delta outputs of one step, or ([aborted], None)."""

@@ -20,6 +20,7 @@ class ServerState:
     api_keys: list[str] = field(default_factory=list)
     enable_auto_tool_choice: bool = False     # --enable-auto-tool-choice: tool_choice "auto" allowed
     tool_call_parser: str | None = None       # --tool-call-parser (hermes)
+    constraint_limits: Any = None             # ConstraintLimits from --structured-outputs-*; None: defaults
     engine: AsyncLLMEngine | None = None      # None while the model loads
     draining: bool = False
     metrics: Any = None                       # ServerMetrics, once the model is loaded
@@ -54,6 +55,11 @@ class ServerState:
         self.generation_defaults = {k: v for k, v in view.generation_config.items()
                                     if k in _GENERATION_DEFAULTS and v is not None}
         self.created = created
+        grammars = engine.engine.grammars
+        if self.constraint_limits is not None:
+            grammars.limits = self.constraint_limits
+        if self.metrics is not None:
+            self.metrics.watch_grammars(grammars)
         self.engine = engine
 
     @property

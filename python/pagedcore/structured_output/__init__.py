@@ -8,5 +8,6 @@ grammars, and the per-step token bitmasks that keep each constrained sequence in
 
 from pagedcore.structured_output.bitmask import GrammarBitmask
 from pagedcore.structured_output.compiler import ConstraintError, GrammarCache, new_matcher
+from pagedcore.structured_output.limits import ConstraintLimits
 
-__all__ = ["GrammarCache", "GrammarBitmask", "ConstraintError", "new_matcher"]
+__all__ = ["GrammarCache", "GrammarBitmask", "ConstraintError", "ConstraintLimits", "new_matcher"]

@@ -5,6 +5,11 @@ the first constrained request, so engines that never see one pay nothing. Front 
 before queueing a request (a bad constraint is then their 400 / INVALID_ARGUMENT, naming the field);
 the engine's add_request calls it again and gets the cached grammar. Thread-safe: front ends compile
 on their own threads while the engine thread steps.
+
+Bounded (limits.py): a constraint over `limits.max_bytes` is refused before compiling; each compile runs
+on a thread of its own and the caller waits at most `limits.compile_timeout_s`. xgrammar cannot be
+interrupted, so an overrun compile finishes in the background (it releases the GIL) and its result is
+dropped; the constraint is remembered as refused, so sending it again costs nothing.
 """
 
 from __future__ import annotations
@@ -13,22 +18,29 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from pagedcore.sampling_params import StructuredOutputsParams
+from pagedcore.structured_output.limits import ConstraintLimits, constraint_bytes
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the client needs only the rest.
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
 _CACHE_LIMIT = 512      # distinct constraints kept; a server sees few, a fuzzing client many
+_REFUSED_LIMIT = 256    # overrun constraints remembered as refused
 
 
 class ConstraintError(ValueError):
-    """A constraint the compiler refused; `field` is its name in StructuredOutputsParams."""
+    """A constraint the compiler refused; `field` is its name in StructuredOutputsParams. `limit` is
+    None when xgrammar found it invalid, else the bound it broke ("max_bytes" or "compile_timeout_s")."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, limit: str | None = None):
         super().__init__(f"structured_outputs.{field} could not be compiled: {message}")
         self.field = field
         self.reason = message
+        self.limit = limit
 
 
 def compiler_message(error: BaseException) -> str:
@@ -50,31 +62,78 @@ def new_matcher(grammar):
 
 
 class GrammarCache:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int],
+                 limits: ConstraintLimits | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size                 # the logits' width: tokens past the tokenizer's are masked
         self.stop_token_ids = list(stop_token_ids)   # what ends a finished grammar: the engine's EOS ids
+        self.limits = limits or ConstraintLimits()
+        self.num_hits = 0                            # compile() answered from the cache
+        self.num_misses = 0                          # compile() that ran xgrammar (whatever came of it)
+        self.compile_listeners: list[Callable[[float], None]] = []   # seconds of each successful compile
         self._lock = threading.Lock()
         self._compiler = None
         self._grammars: dict[tuple, object] = {}     # StructuredOutputsParams.key -> CompiledGrammar
+        self._refused: dict[tuple, ConstraintError] = {}   # key -> why (overran the compile timeout)
 
     def compile(self, constraint: StructuredOutputsParams):
         """The constraint's CompiledGrammar (cached). Raises ConstraintError naming the field."""
         key = constraint.key
         grammar = self._grammars.get(key)
         if grammar is not None:
+            with self._lock:
+                self.num_hits += 1
             return grammar
-        compiler = self._get_compiler()
         kind = constraint.kind
+        refused = self._refused.get(key)
+        if refused is not None:
+            raise refused
+        limits = self.limits
+        size = constraint_bytes(constraint)
+        if size > limits.max_bytes:
+            raise ConstraintError(kind, f"it is {size} bytes, more than the limit of {limits.max_bytes}; send a "
+                                        "smaller constraint, or raise the limit (pagedcore serve "
+                                        "--structured-outputs-max-bytes)", "max_bytes")
+        compiler = self._get_compiler()
+        with self._lock:
+            self.num_misses += 1
+        started = time.perf_counter()
         try:
-            grammar = self._compile(compiler, constraint, kind)
+            grammar = self._compile_bounded(compiler, constraint, kind, limits.compile_timeout_s)
+        except FutureTimeout:
+            error = ConstraintError(kind, f"compiling it took longer than {limits.compile_timeout_s:g} s, so it "
+                                          "was refused; simplify it (smaller repetition counts, fewer properties "
+                                          "or rules), or raise the limit (pagedcore serve "
+                                          "--structured-outputs-compile-timeout)", "compile_timeout_s")
+            with self._lock:
+                if len(self._refused) >= _REFUSED_LIMIT:
+                    self._refused.pop(next(iter(self._refused)))
+                self._refused[key] = error
+            raise error from None
         except (RuntimeError, ValueError, TypeError) as error:
             raise ConstraintError(kind, compiler_message(error)) from None
+        seconds = time.perf_counter() - started
         with self._lock:
             if len(self._grammars) >= _CACHE_LIMIT:
                 self._grammars.pop(next(iter(self._grammars)))   # oldest first
             self._grammars[key] = grammar
+        for listener in self.compile_listeners:
+            listener(seconds)
         return grammar
+
+    def _compile_bounded(self, compiler, constraint: StructuredOutputsParams, kind: str, timeout_s: float):
+        """Compiles on a daemon thread of its own and waits at most timeout_s (FutureTimeout past it); the
+        thread of an overrun compile ends when xgrammar does, and nobody reads its result."""
+        result: Future = Future()
+
+        def run():
+            try:
+                result.set_result(self._compile(compiler, constraint, kind))
+            except BaseException as error:   # handed to the waiting caller
+                result.set_exception(error)
+
+        threading.Thread(target=run, name="pagedcore-grammar-compile", daemon=True).start()
+        return result.result(timeout=timeout_s)
 
     @staticmethod
     def _compile(compiler, c: StructuredOutputsParams, kind: str):

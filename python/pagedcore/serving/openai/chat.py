@@ -27,7 +27,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     req = await parse_request(request, ChatCompletionRequest, state.max_request_body_bytes)
     state.check_model(req.model)
     engine = state.require_engine()
-    tool_plan = plan_tools(req.tools, req.tool_choice, _auto_tool_parser(state))
+    tool_plan = plan_tools(req.tools, req.tool_choice, _auto_tool_parser(state), req.parallel_tool_calls)
     constraint = constraint_of(req)
     if tool_plan.constraint is not None:
         if constraint is not None:

@@ -104,6 +104,7 @@ class ChatCompletionRequest(SamplingFields):
     # Tool calling (tools.py): functions the model may call, and whether / which it must.
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None   # false: at most one call per reply (null: true, OpenAI's default)
 
 
 class TokenizeRequest(_Body):

@@ -4,7 +4,8 @@ Three spellings, as vLLM takes them, at most one per request:
     response_format   {"type": "json_object"} | {"type": "json_schema", "json_schema": {"schema": ...}}
     structured_outputs {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
     guided_json / guided_regex / guided_choice / guided_grammar   (vLLM's older fields)
-Every refusal names the request field; a constraint xgrammar cannot compile is a 400 too, found
+Every refusal names the request field; a constraint xgrammar cannot compile, or one over the server's
+bounds (--structured-outputs-max-bytes, --structured-outputs-compile-timeout), is a 400 too, found
 before the request is queued (compile() warms the engine's cache, so add_request reuses it).
 """
 
@@ -79,6 +80,8 @@ async def check_compiles(engine, constraint: Constraint | None) -> None:
     try:
         await asyncio.to_thread(engine.engine.grammars.compile, constraint.params)
     except ConstraintError as error:
+        if error.limit is not None:   # too large, or too slow to compile: a bound of this server
+            raise bad_request(f"{constraint.field} could not be compiled: {error.reason}", constraint.field) from None
         raise bad_request(f"{constraint.field} is not a valid {_WHAT[error.field]}: {error.reason}",
                           constraint.field) from None
     except ValueError as error:

@@ -8,6 +8,8 @@
                          (finish_reason "stop", as OpenAI and vLLM answer a forced function)
     auto                 needs a tool-call parser (vLLM's --enable-auto-tool-choice --tool-call-parser
                          hermes); the model decides, and <tool_call>{...}</tool_call> blocks are parsed
+parallel_tool_calls false (OpenAI's field; true by default) allows at most one call: "required" constrains
+the list to one item, "auto" keeps the first call parsed, a named function is one call anyway.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ToolPlan:
     mode: str                             # "none", "required", "named" or "auto"
     named: str | None = None              # the function of mode "named"
     constraint: StructuredOutputsParams | None = None
+    max_calls: int | None = None          # 1 with parallel_tool_calls false; None: any number
 
     def calls_of(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """A finished reply -> (content, tool_calls in OpenAI's shape). Text the mode cannot read as
@@ -47,13 +50,16 @@ class ToolPlan:
                 return text, []
             return None, [_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
         if self.mode == "auto":
-            return hermes_calls(text)
+            content, calls = hermes_calls(text)
+            return content, calls[:self.max_calls]
         return text, []
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, auto_parser: str | None) -> ToolPlan:
+def plan_tools(tools: list[Any] | None, tool_choice: Any, auto_parser: str | None,
+               parallel_tool_calls: bool | None = None) -> ToolPlan:
     """Checks tools and tool_choice (400s name the field); auto_parser: the server's tool-call parser
     (None when it was started without --enable-auto-tool-choice)."""
+    max_calls = 1 if parallel_tool_calls is False else None
     if not tools:
         if tool_choice not in (None, "none"):
             raise bad_request("tool_choice needs tools; send the functions the model may call", "tool_choice")
@@ -80,13 +86,15 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, auto_parser: str | Non
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": [
             {"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params},
              "required": ["name", "parameters"]} for name, params in functions.items()]}}
-        return ToolPlan(tools, "required", constraint=StructuredOutputsParams(json=schema))
+        if max_calls is not None:
+            schema["maxItems"] = max_calls
+        return ToolPlan(tools, "required", constraint=StructuredOutputsParams(json=schema), max_calls=max_calls)
     if tool_choice == "auto":
         if auto_parser != "hermes":
             raise bad_request('"auto" tool choice needs a server started with --enable-auto-tool-choice '
                               '--tool-call-parser hermes; or send tool_choice "required", "none" or a named '
                               "function", "tool_choice")
-        return ToolPlan(tools, "auto")
+        return ToolPlan(tools, "auto", max_calls=max_calls)
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
         if name not in functions:
