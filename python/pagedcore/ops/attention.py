@@ -253,19 +253,8 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
         return cuda.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
     _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
                block_mapping=block_mapping)
-    checks.check_kv_cache(src_kv_cache, "src_kv_cache")
+    checks.check_swap_caches(src_kv_cache, dst_kv_cache)
     _dtype_code(src_kv_cache, "src_kv_cache")
-    checks.check_kv_cache(dst_kv_cache, "dst_kv_cache")
-    _dtype_code(dst_kv_cache, "dst_kv_cache")
-    if src_kv_cache.dtype != dst_kv_cache.dtype:
-        raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
-                        "both caches must have the same dtype")
-    src_shape, dst_shape = tuple(src_kv_cache.shape), tuple(dst_kv_cache.shape)
-    if src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
-        raise ValueError(f"src_kv_cache {src_shape} and dst_kv_cache {dst_shape} may differ only in "
-                         "num_blocks (dim 2)")
-    if src_kv_cache.data_ptr() == dst_kv_cache.data_ptr():
-        raise ValueError("swap_blocks got the same cache twice; use copy_blocks within one cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return

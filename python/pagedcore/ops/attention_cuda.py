@@ -271,23 +271,13 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
             raise ValueError(f"swap_blocks: {name} is on {t.device}; one cache goes on {device}, the other on "
                              "the same device or the CPU")
     checks.require_cuda_kernels("swap_blocks")
-    checks.check_kv_cache(src_kv_cache, "src_kv_cache")
+    checks.check_swap_caches(src_kv_cache, dst_kv_cache)
     _dtype_code(src_kv_cache, "src_kv_cache")
-    checks.check_kv_cache(dst_kv_cache, "dst_kv_cache")
-    _dtype_code(dst_kv_cache, "dst_kv_cache")
-    if src_kv_cache.dtype != dst_kv_cache.dtype:
-        raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
-                        "both caches must have the same dtype")
-    src_shape, dst_shape = tuple(src_kv_cache.shape), tuple(dst_kv_cache.shape)
-    if src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
-        raise ValueError(f"src_kv_cache {src_shape} and dst_kv_cache {dst_shape} may differ only in "
-                         "num_blocks (dim 2)")
-    if src_kv_cache.data_ptr() == dst_kv_cache.data_ptr():
-        raise ValueError("swap_blocks got the same cache twice; use copy_blocks within one cache")
     if block_mapping.shape[0] == 0:
         return
     rows = block_mapping.to(device="cpu", dtype=torch.int32).contiguous()
     block_bytes = src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size()
     with _OnDevice(device):
         _core.swap_blocks_cuda(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), rows.data_ptr(), rows.shape[0],
-                               src_shape[0] * 2, src_shape[2], dst_shape[2], block_bytes, _stream(device))
+                               src_kv_cache.shape[0] * 2, src_kv_cache.shape[2], dst_kv_cache.shape[2],
+                               block_bytes, _stream(device))

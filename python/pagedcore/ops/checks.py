@@ -62,6 +62,22 @@ def check_kv_cache(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
 
 
+def check_swap_caches(src_kv_cache: torch.Tensor, dst_kv_cache: torch.Tensor) -> None:
+    """The two caches of swap_blocks (CPU or CUDA): each a whole KV cache, the same dtype, shapes
+    that differ only in num_blocks (dim 2), and not the same storage."""
+    check_kv_cache(src_kv_cache, "src_kv_cache")
+    check_kv_cache(dst_kv_cache, "dst_kv_cache")
+    if src_kv_cache.dtype != dst_kv_cache.dtype:
+        raise TypeError(f"src_kv_cache is {src_kv_cache.dtype} but dst_kv_cache is {dst_kv_cache.dtype}; "
+                        "both caches must have the same dtype")
+    src_shape, dst_shape = tuple(src_kv_cache.shape), tuple(dst_kv_cache.shape)
+    if src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
+        raise ValueError(f"src_kv_cache {src_shape} and dst_kv_cache {dst_shape} may differ only in "
+                         "num_blocks (dim 2)")
+    if src_kv_cache.data_ptr() == dst_kv_cache.data_ptr():
+        raise ValueError("swap_blocks got the same cache twice; use copy_blocks within one cache")
+
+
 def check_block_mapping(block_mapping) -> None:
     check_tensor(block_mapping, "block_mapping")
     if block_mapping.dtype not in (torch.int32, torch.int64):

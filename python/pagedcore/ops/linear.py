@@ -180,26 +180,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"x's leading dims cannot be flattened without a copy (strides {x.stride()}); "
                          "call x.contiguous()") from None
     return kernel(rows).view(*lead, kernel.out_cols)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
-           out_dtype: torch.dtype | None = None, isa: str = "auto") -> torch.Tensor:
-    """torch.nn.functional.linear on the kernel: x [..., K] -> [..., N] (silu_mul: silu(gate) * up,
-    [..., N // 2], weight rows [0, N/2) gate and [N/2, N) up). x fp32 or bf16 with any leading dims
-    whose rows can be addressed with one stride; weight [N, K] contiguous; out_dtype defaults to x's."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    _dtype_code(x, "x")
-    if x.dim() < 1:
-        raise ValueError("x must have at least one dim [..., in_features]")
-    kernel = LinearKernel(weight, bias, silu_mul=silu_mul, x_dtype=x.dtype, out_dtype=out_dtype, isa=isa)
-    if x.shape[-1] != kernel.K:
-        raise ValueError(f"x has {x.shape[-1]} input features (shape {tuple(x.shape)}) but weight has "
-                         f"{kernel.K} (shape {tuple(weight.shape)})")
-    lead = x.shape[:-1]
-    try:
-        rows = x.view(-1, kernel.K) if x.dim() != 2 else x
-    except RuntimeError:
-        raise ValueError(f"x's leading dims cannot be flattened without a copy (strides {x.stride()}); "
-                         "call x.contiguous()") from None
-    return kernel(rows).view(*lead, kernel.out_cols)
