@@ -107,18 +107,7 @@ def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping
     """Raises the precise error for a call the fast path refused."""
     tensors = dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     _check_cpu("reshape_and_cache", **tensors)
-    checks.check_cache_pair(key_cache, value_cache)
-    _dtype_code(key_cache, "key_cache")
-    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    checks.check_rows(key, "key", num_kv_heads, head_size)
-    checks.check_rows(value, "value", num_kv_heads, head_size)
-    num_tokens = key.shape[0]
-    if value.shape[0] != num_tokens:
-        raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
-    if value.dtype != key.dtype:
-        raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
-    _dtype_code(key, "key")
-    checks.check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, _dtype_code)
     raise ValueError(f"reshape_and_cache does not support these arguments: {_describe(tensors)} "
                      "(see its docstring for the shapes, dtypes and strides it takes)")
 

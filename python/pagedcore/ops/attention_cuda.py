@@ -103,18 +103,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """
     device = checks.check_cuda_tensors("reshape_and_cache", key=key, value=value, key_cache=key_cache,
                          value_cache=value_cache, slot_mapping=slot_mapping)
-    checks.check_cache_pair(key_cache, value_cache)
-    _dtype_code(key_cache, "key_cache")
+    num_tokens, src_code, cache_code = checks.check_reshape_and_cache(key, value, key_cache, value_cache,
+                                                                      slot_mapping, _dtype_code)
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
-    checks.check_rows(key, "key", num_kv_heads, head_size)
-    checks.check_rows(value, "value", num_kv_heads, head_size)
-    num_tokens = key.shape[0]
-    if value.shape[0] != num_tokens:
-        raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
-    if value.dtype != key.dtype:
-        raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
-    src_code = _dtype_code(key, "key")
-    checks.check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
     if num_tokens == 0:
         return
     with _OnDevice(device):
@@ -122,7 +113,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
             key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size, num_blocks, block_size,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            src_code, CUDA_DTYPE_CODES[key_cache.dtype], _stream(device))
+            src_code, cache_code, _stream(device))
 
 
 # Decode partials need device scratch: one growing buffer per (device, stream), reused across calls

@@ -62,6 +62,24 @@ def check_kv_cache(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be contiguous (allocate it with torch.empty/zeros)")
 
 
+def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, dtype_code) -> tuple[int, int, int]:
+    """The arguments of reshape_and_cache (CPU or CUDA; dtype_code(t, name) is the backend's dtype
+    check). Returns (num_tokens, key's dtype code, cache's dtype code)."""
+    check_cache_pair(key_cache, value_cache)
+    cache_code = dtype_code(key_cache, "key_cache")
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    check_rows(key, "key", num_kv_heads, head_size)
+    check_rows(value, "value", num_kv_heads, head_size)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"key has {num_tokens} tokens but value has {value.shape[0]}")
+    if value.dtype != key.dtype:
+        raise TypeError(f"key is {key.dtype} but value is {value.dtype}; give both the same dtype")
+    src_code = dtype_code(key, "key")
+    check_int_vector(slot_mapping, "slot_mapping", torch.int64, num_tokens)
+    return num_tokens, src_code, cache_code
+
+
 def check_swap_caches(src_kv_cache: torch.Tensor, dst_kv_cache: torch.Tensor) -> None:
     """The two caches of swap_blocks (CPU or CUDA): each a whole KV cache, the same dtype, shapes
     that differ only in num_blocks (dim 2), and not the same storage."""
