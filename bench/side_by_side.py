@@ -91,6 +91,25 @@ def run_one(engine: str, dtype: str, args) -> dict:
     return result
 
 
+def cpu_description() -> str:
+    """The CPU every figure is taken on: model name, family/model and the SIMD flags that matter."""
+    info, flags = {}, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in info:
+                    info[key] = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8") if f in flags]
+    return (f"CPU: {info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model "
+            f"{info.get('model', '?')}), {os.cpu_count()} cores, {' '.join(shown) or 'no AVX2'}")
+
+
 def metric_of(args) -> str:
     return "output_tok_per_s" if args.mode == "throughput" else "decode_tok_per_s"
 
@@ -141,7 +160,7 @@ def main():
     p.add_argument("--output-json", default=None)
     args = p.parse_args()
 
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}  mode {args.mode}, workload {args.workload}"
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}  {cpu_description()}\n  mode {args.mode}, workload {args.workload}"
           f"{f' (first {args.limit})' if args.limit else ''}, load average {os.getloadavg()}")
     runs = []
     for round_index in range(args.rounds):
@@ -153,8 +172,11 @@ def main():
                 r["round"] = round_index
                 runs.append(r)
                 shown = r.get(metric_of(args))
+                load = r.get("load_before")
                 print(f"  round {round_index} {engine:<10} {r['dtype']:<9} "
-                      + (f"{shown:.1f}" if shown else (r.get("skipped") or r.get("error", ""))[:200]), flush=True)
+                      + (f"{shown:.1f}" if shown else (r.get("skipped") or r.get("error", ""))[:200])
+                      + (f"   (1-min load before {load[0]:.2f}, after {os.getloadavg()[0]:.2f})" if load else ""),
+                      flush=True)
     print_table(runs, args)
     if args.output_json:
         with open(args.output_json, "w") as f:

@@ -106,7 +106,8 @@ void bind_scheduler(py::module_& m) {
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int num_gpu_blocks, int num_cpu_blocks, int block_size, int max_num_batched_tokens,
                        int max_num_seqs, int max_model_len, bool enable_prefix_caching, bool enable_chunked_prefill,
-                       PreemptionMode preemption_mode, SchedulingPolicy policy, bool enable_trace) {
+                       PreemptionMode preemption_mode, SchedulingPolicy policy, bool enable_trace,
+                       int max_loras) {
              SchedulerConfig c;
              c.num_gpu_blocks = num_gpu_blocks;
              c.num_cpu_blocks = num_cpu_blocks;
@@ -119,6 +120,7 @@ void bind_scheduler(py::module_& m) {
              c.preemption_mode = preemption_mode;
              c.policy = policy;
              c.enable_trace = enable_trace;
+             c.max_loras = max_loras;
              c.validate();
              return c;
            }),
@@ -126,7 +128,7 @@ void bind_scheduler(py::module_& m) {
            py::arg("max_num_batched_tokens") = 2048, py::arg("max_num_seqs") = 256, py::arg("max_model_len") = 2048,
            py::arg("enable_prefix_caching") = true, py::arg("enable_chunked_prefill") = true,
            py::arg("preemption_mode") = PreemptionMode::kRecompute, py::arg("policy") = SchedulingPolicy::kFcfs,
-           py::arg("enable_trace") = false)
+           py::arg("enable_trace") = false, py::arg("max_loras") = 0)
       .def_readonly("num_gpu_blocks", &SchedulerConfig::num_gpu_blocks)
       .def_readonly("num_cpu_blocks", &SchedulerConfig::num_cpu_blocks)
       .def_readonly("block_size", &SchedulerConfig::block_size)
@@ -137,7 +139,8 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("enable_chunked_prefill", &SchedulerConfig::enable_chunked_prefill)
       .def_readonly("preemption_mode", &SchedulerConfig::preemption_mode)
       .def_readonly("policy", &SchedulerConfig::policy)
-      .def_readonly("enable_trace", &SchedulerConfig::enable_trace);
+      .def_readonly("enable_trace", &SchedulerConfig::enable_trace)
+      .def_readonly("max_loras", &SchedulerConfig::max_loras);
 
   py::class_<SchedulerOutput> out(m, "SchedulerOutput", "One step's schedule; arrays are zero-copy numpy views.");
   out.def_readonly("step_id", &SchedulerOutput::step_id)
@@ -169,6 +172,7 @@ void bind_scheduler(py::module_& m) {
   def_view(out, "num_computed_tokens", &SchedulerOutput::num_computed_tokens, "int32 [num_seqs] before this step");
   def_view(out, "query_start_loc", &SchedulerOutput::query_start_loc, "int32 [num_seqs + 1]");
   def_view(out, "seq_lens", &SchedulerOutput::seq_lens, "int32 [num_seqs] cache length after this step");
+  def_view(out, "adapter_ids", &SchedulerOutput::adapter_ids, "uint64 [num_seqs] LoRA adapter per sequence (0: base)");
   def_view(out, "input_ids", &SchedulerOutput::input_ids, "int64 [num_tokens]");
   def_view(out, "positions", &SchedulerOutput::positions, "int64 [num_tokens]");
   def_view(out, "slot_mapping", &SchedulerOutput::slot_mapping, "int64 [num_tokens], -1 = padding");
@@ -216,6 +220,7 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("num_cached_tokens", &Sequence::num_cached_tokens)
       .def_readonly("num_draft_tokens", &Sequence::num_draft_tokens)
       .def_readonly("num_preemptions", &Sequence::num_preemptions)
+      .def_property_readonly("adapter_id", [](const Sequence& s) { return s.params.cache_key.adapter_id; })
       .def_readonly("block_table", &Sequence::block_table)
       .def_property_readonly("num_tokens", &Sequence::num_tokens)
       .def_property_readonly("num_output_tokens", &Sequence::num_output_tokens);

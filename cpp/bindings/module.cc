@@ -7,6 +7,10 @@
 #include "core/block_pool.h"
 #include "core/scheduler.h"
 
+namespace pagedcore::bindings {
+void bind_lora(py::module_& m);  // bind_lora.cc: the multi-LoRA kernel
+}
+
 PYBIND11_MODULE(_core, m) {
   namespace bindings = pagedcore::bindings;
   m.doc() = "pagedcore C++ core: block pool, scheduler, CPU kernels (and CUDA kernels when built)";
@@ -20,4 +24,5 @@ PYBIND11_MODULE(_core, m) {
   bindings::bind_linear(m);
   bindings::bind_norm(m);
   bindings::bind_decoder_stack(m);
+  bindings::bind_lora(m);
 }

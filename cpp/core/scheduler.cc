@@ -42,6 +42,15 @@ int Scheduler::fit_grant(const Sequence& seq, int num_computed, int num_new_toke
   return std::max(0, window_start - num_computed);
 }
 
+bool Scheduler::fits_adapter(const Sequence& seq) const {
+  // At most max_loras distinct adapters per step (the LoRA weights resident for one forward);
+  // base-model rows (adapter 0) never count.
+  const uint64_t adapter = seq.params.cache_key.adapter_id;
+  if (adapter == 0 || config_.max_loras == 0) return true;
+  if (std::find(step_adapters_.begin(), step_adapters_.end(), adapter) != step_adapters_.end()) return true;
+  return static_cast<int>(step_adapters_.size()) < config_.max_loras;
+}
+
 void Scheduler::grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out) {
   //   token_ids:  [ computed ............ | granted this step | not yet ]
   //                0                      c                   c+n
@@ -54,6 +63,11 @@ void Scheduler::grant(Sequence& seq, int num_new_tokens, SchedulerOutput& out) {
   out.num_scheduled_tokens.push_back(num_new_tokens);
   out.num_computed_tokens.push_back(c);
   out.seq_lens.push_back(end);
+  const uint64_t adapter = seq.params.cache_key.adapter_id;
+  out.adapter_ids.push_back(adapter);
+  if (adapter != 0 && std::find(step_adapters_.begin(), step_adapters_.end(), adapter) == step_adapters_.end()) {
+    step_adapters_.push_back(adapter);
+  }
   out.query_start_loc.push_back(out.query_start_loc.back() + num_new_tokens);
   out.max_query_len = std::max(out.max_query_len, num_new_tokens);
   out.max_seq_len = std::max(out.max_seq_len, end);
@@ -123,6 +137,7 @@ SchedulerOutput Scheduler::schedule() {
   out.logits_start_loc.push_back(0);
   scheduled_.clear();
   sampled_.clear();
+  step_adapters_.clear();
   int budget = config_.max_num_batched_tokens;
   bool preempted = false;
 
@@ -131,6 +146,7 @@ SchedulerOutput Scheduler::schedule() {
   //    Forks may leave more running sequences than max_num_seqs; the cap holds per step.
   for (size_t i = 0; i < running_.size() && budget > 0 && out.num_seqs() < config_.max_num_seqs; ++i) {
     Sequence* seq = running_[i];
+    if (!fits_adapter(*seq)) continue;  // its adapter waits for a step with room (max_loras)
     const int num_new =
         fit_grant(*seq, seq->num_computed_tokens, std::min(seq->num_tokens() - seq->num_computed_tokens, budget));
     if (num_new <= 0) continue;
@@ -155,6 +171,7 @@ SchedulerOutput Scheduler::schedule() {
     for (; num_swapped_in < swapped_.size(); ++num_swapped_in) {
       Sequence* seq = swapped_[num_swapped_in];
       if (budget <= 0 || static_cast<int>(running_.size() + num_swapped_in) >= config_.max_num_seqs) break;
+      if (!fits_adapter(*seq)) break;  // swapped sequences return in order
       const int num_new =
           fit_grant(*seq, seq->num_computed_tokens, std::min(seq->num_tokens() - seq->num_computed_tokens, budget));
       if (num_new <= 0 || !kv_.swap_in(*seq, num_new, &out.blocks_to_swap_in)) break;
@@ -166,14 +183,17 @@ SchedulerOutput Scheduler::schedule() {
 
   // 3. Waiting sequences, in order, while budget, sequence cap and blocks allow (head-of-line
   //    blocking keeps FCFS fair: a large prompt is not starved by smaller ones behind it).
+  //    A sequence whose adapter finds no room (max_loras) is passed over, not waited on: the
+  //    ones behind it may use adapters already in the step (or none).
   size_t num_admitted = 0;
   if (!preempted && num_swapped_in == swapped_.size()) {
-    for (; num_admitted < waiting_.size(); ++num_admitted) {
-      Sequence* seq = waiting_[num_admitted];
+    for (size_t w = 0; w < waiting_.size(); ++w) {
+      Sequence* seq = waiting_[w];
       if (budget <= 0 ||
           static_cast<int>(running_.size() + num_swapped_in + num_admitted) >= config_.max_num_seqs) {
         break;
       }
+      if (!fits_adapter(*seq)) continue;
       const std::vector<BlockId> cached_prefix = kv_.find_cached_prefix(*seq);
       const int num_hit_tokens = static_cast<int>(cached_prefix.size()) * config_.block_size;
       const int num_remaining = seq->num_tokens() - num_hit_tokens;
@@ -184,14 +204,19 @@ SchedulerOutput Scheduler::schedule() {
       move(*seq, SeqStatus::kRunning);
       grant(*seq, num_new, out);
       budget -= num_new;
+      ++num_admitted;
     }
   }
 
   // Newcomers join the running queue in policy order.
   for (size_t i = 0; i < num_swapped_in; ++i) running_.insert(swapped_[i]);
   swapped_.erase_front(num_swapped_in);
-  for (size_t i = 0; i < num_admitted; ++i) running_.insert(waiting_[i]);
-  waiting_.erase_front(num_admitted);
+  if (num_admitted > 0) {
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (waiting_[i]->status == SeqStatus::kRunning) running_.insert(waiting_[i]);
+    }
+    waiting_.erase_if([](const Sequence* s) { return s->status == SeqStatus::kRunning; });
+  }
 
   fill_block_tables(out);
   if (trace_ptr_) out.events = trace_.take();

@@ -117,6 +117,8 @@ class Scheduler {
   bool step_in_flight_ = false;
   std::vector<Sequence*> scheduled_;  // [S] batch order
   std::vector<Sequence*> sampled_;    // [num_samples]
+  std::vector<uint64_t> step_adapters_;  // distinct adapters granted this step (<= max_loras)
+  bool fits_adapter(const Sequence& seq) const;
 
   int64_t next_arrival_ = 0;
   int64_t num_steps_ = 0;

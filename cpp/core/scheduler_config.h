@@ -22,6 +22,7 @@ struct SchedulerConfig {
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   bool enable_trace = false;             // per-step event record (free when off)
+  int32_t max_loras = 0;                 // distinct LoRA adapters (adapter_id != 0) in one step; 0: no cap
 
   void validate() const {
     auto fail = [](const std::string& msg) { throw std::invalid_argument(msg); };
@@ -34,6 +35,7 @@ struct SchedulerConfig {
     }
     if (num_cpu_blocks < 0) fail("num_cpu_blocks must be >= 0, got " + std::to_string(num_cpu_blocks));
     if (max_num_seqs <= 0) fail("max_num_seqs must be > 0, got " + std::to_string(max_num_seqs));
+    if (max_loras < 0) fail("max_loras must be >= 0 (0: no cap), got " + std::to_string(max_loras));
     if (max_model_len <= 0) fail("max_model_len must be > 0, got " + std::to_string(max_model_len));
     if (max_num_batched_tokens <= 0) {
       fail("max_num_batched_tokens must be > 0, got " + std::to_string(max_num_batched_tokens));

@@ -46,6 +46,7 @@ struct SchedulerOutput {
   std::vector<int32_t> num_computed_tokens;   // [S] tokens already in the cache before this step
   std::vector<int32_t> query_start_loc;       // [S + 1]
   std::vector<int32_t> seq_lens;              // [S] num_computed + num_scheduled
+  std::vector<uint64_t> adapter_ids;          // [S] each sequence's LoRA adapter (CacheKey::adapter_id, 0: base)
   std::vector<int32_t> block_tables;          // [S, max_num_blocks_per_seq], padded with kNullBlock
   int32_t max_num_blocks_per_seq = 0;
   int32_t max_query_len = 0;

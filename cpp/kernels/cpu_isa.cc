@@ -72,8 +72,14 @@ bool isa_supported(Isa isa) {
 #else
       return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 #endif
+    case Isa::kAvx512Vnni:
+#ifdef PAGEDCORE_NO_AVX512VNNI  // the compiler could not build the vpdpbusd kernel
+      return false;
+#else
+      return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 #endif
-    default:  // not built on this CPU family, or named room (kAvx512Vnni, kAmx*) not built yet
+#endif
+    default:  // not built on this CPU family, or named room (kAmx*) not built yet
       return false;
   }
 }

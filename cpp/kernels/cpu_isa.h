@@ -16,8 +16,20 @@ namespace kernels {
 //   kAvx512Bf16:    kAvx512 plus AVX512-BF16 (vdpbf16ps) for bf16 activations against bf16 weights;
 //                   kernels without a bf16-dot variant (attention) run their kAvx512 one.
 //   kGeneric16Bf16: portable emulation of kAvx512Bf16 (its tiling and pairwise dot products).
-// Named room for a later issue; not built yet, so isa_supported() is false for them:
-//   kAvx512Vnni (int8 dot products), kAmxBf16, kAmxInt8 (tile matrix multiply).
+//   kAvx512Vnni:    kAvx512 plus AVX512-VNNI (vpdpbusd): the quantized linear kernels' int8 dot
+//                   products. Never chosen as the active ISA (attention and the dense kernels have
+//                   no VNNI variant; named explicitly, dense linear runs its kAvx512 kernels).
+// Named room for a later issue; not built, so isa_supported() is false for them: kAmxBf16,
+// kAmxInt8 (tile matrix multiply; no machine of this project's to run them on yet).
+//
+// The quantized linear family (quant_linear.h) maps an ISA to its own kernels:
+//   generic -> generic (vpmaddubsw emulation, 32 bytes)   generic16, generic16_bf16 -> generic16
+//   avx2 -> avx2 (vpmaddubsw)                              (vpdpbusd emulation, 64 bytes)
+//   avx512 -> avx512 (AVX-512BW vpmaddubsw), except as the active ISA (a call naming none) on a
+//             CPU with AVX512-VNNI: avx512_vnni
+//   avx512_bf16 -> avx512_vnni where the CPU has it (all AVX512-BF16 CPUs so far), else avx512
+//   avx512_vnni -> avx512_vnni
+// So the active ISA on a VNNI CPU always runs vpdpbusd, and tests can still name each path.
 enum class Isa : int32_t {
   kGeneric = 0,
   kGeneric16 = 1,

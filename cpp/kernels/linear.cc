@@ -10,6 +10,7 @@
 
 #include "kernels/linear_kernel.h"
 #include "kernels/parallel.h"
+#include "kernels/quant_linear.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -50,8 +51,7 @@ Status check(const LinearParams& p, int64_t out_cols) {
   if (!valid(p.x_dtype) || !valid(p.out_dtype) || !valid(p.bias_dtype))
     return Status::invalid("linear: unknown dtype");
   if (!dense(p.weight_format))
-    return Status::invalid(std::string("linear: weight format ") + weight_format_name(p.weight_format) +
-                           " has no kernel yet; use dense fp32 or bf16 weights");
+    return Status::invalid("linear: unknown weight format code " + str(static_cast<int>(p.weight_format)));
   if (p.epilogue != LinearEpilogue::kNone && p.epilogue != LinearEpilogue::kSiluMul)
     return Status::invalid("linear: unknown epilogue");
   if (p.epilogue == LinearEpilogue::kSiluMul && p.N % 2 != 0)
@@ -166,6 +166,9 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ4_0: return "q4_0";
     case WeightFormat::kQ4_1: return "q4_1";
     case WeightFormat::kQ8_0: return "q8_0";
+    case WeightFormat::kQ4_K: return "q4_k";
+    case WeightFormat::kQ5_K: return "q5_k";
+    case WeightFormat::kQ6_K: return "q6_k";
   }
   return "unknown";
 }
@@ -181,6 +184,7 @@ const LinearIsaKernels& linear_isa_kernels(Isa isa) {
     case Isa::kAvx2: return linear_avx2::linear_kernels();
     case Isa::kAvx512: return linear_avx512::linear_kernels();
     case Isa::kAvx512Bf16: return linear_avx512_bf16dot::linear_kernels();
+    case Isa::kAvx512Vnni: return linear_avx512::linear_kernels();  // (int8 dots are the quantized family's)
     case Isa::kGeneric:
     default: return linear_generic8::linear_kernels();  // (unsupported ones never get here)
   }
@@ -192,7 +196,10 @@ void set_linear_tuning(const LinearTuning& tuning) {
   g_m_chunk.store(tuning.m_chunk > 0 ? tuning.m_chunk : 0);
 }
 
-Status linear(const LinearParams& p) { return linear(p, active_isa()); }
+Status linear(const LinearParams& p) {
+  if (is_quantized_format(p.weight_format)) return quant_linear(p, quant_kernel_isa(active_isa(), true));
+  return linear(p, active_isa());
+}
 
 Status LinearLayer::run(void* out, const void* x, int64_t M, int64_t x_stride, int64_t out_stride) const {
   LinearParams p = params;
@@ -201,10 +208,11 @@ Status LinearLayer::run(void* out, const void* x, int64_t M, int64_t x_stride, i
   p.M = M;
   p.x_stride = x_stride;
   p.out_stride = out_stride;
-  return linear(p, isa ? *isa : active_isa());
+  return isa ? linear(p, *isa) : linear(p);
 }
 
 Status linear(const LinearParams& p, Isa isa) {
+  if (is_quantized_format(p.weight_format)) return quant_linear(p, quant_kernel_isa(isa, false));
   const bool silu = p.epilogue == LinearEpilogue::kSiluMul;
   const int64_t out_cols = silu ? p.N / 2 : p.N;
   Status status = check(p, out_cols);

@@ -23,12 +23,15 @@ namespace kernels {
 //             bf16 out rounds as torch does op by op: g, u to bf16, silu(g) to bf16, then the product.
 enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 
-// How the weight matrix W [N, K] is stored: one row of each ISA's kernel table (linear_kernel.h).
-//   kDenseF32, kDenseBf16: N contiguous rows of K elements, the checkpoint layout (no packing).
-// Named room for a later issue, not implemented yet (linear() rejects them):
-//   kInt8PerChannel: int8 rows and one fp32 scale per output row.
-//   kQ4_0, kQ4_1, kQ8_0: GGUF blocks of 32 weights along K (4-bit with a scale, 4-bit with scale and
-//                        minimum, 8-bit with a scale).
+// How the weight matrix W [N, K] is stored.
+//   kDenseF32, kDenseBf16: N contiguous rows of K elements, the checkpoint layout (no packing); one
+//                        row of each ISA's dense kernel table (linear_kernel.h).
+// The quantized family (quant_linear.h; x is quantized per block to int8 at each call, as llama.cpp
+// does, and the dot products are integer):
+//   kInt8PerChannel: int8 rows [N, K] and one fp32 scale per output row (LinearParams.weight_scales):
+//                    W8A8 with one dynamic scale per row of x.
+//   kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K: GGUF blocks in ggml's exact byte layout
+//                    (quant_blocks.h), N rows of K / block blocks (32 weights; 256 for the k-quants).
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -36,8 +39,11 @@ enum class WeightFormat : int32_t {
   kQ4_0 = 3,
   kQ4_1 = 4,
   kQ8_0 = 5,
+  kQ4_K = 6,
+  kQ5_K = 7,
+  kQ6_K = 8,
 };
-constexpr int kNumWeightFormats = 6;
+constexpr int kNumWeightFormats = 9;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);
@@ -47,6 +53,7 @@ struct LinearParams {
   const void* x = nullptr;       // [M, K], row stride x_stride, x_dtype
   const void* weight = nullptr;  // [N, K] as weight_format stores it (dense: contiguous rows of K)
   const void* bias = nullptr;    // [N] or nullptr, bias_dtype
+  const void* weight_scales = nullptr;  // [N] fp32 per-row scales (kInt8PerChannel only), else nullptr
   int64_t M = 0;                 // rows of x (tokens)
   int64_t N = 0;                 // rows of weight (output features; kSiluMul: 2 x outputs)
   int64_t K = 0;                 // input features
@@ -61,7 +68,8 @@ struct LinearParams {
 
 // Checks sizes, strides, dtypes and pointers, then computes out with the kernels of `isa` (the
 // first form: active_isa()); with kAvx512Bf16 (or its emulation kGeneric16Bf16), bf16 x against
-// bf16 weights runs on pairwise bf16 dot products. On error nothing is written. Output rows may not
+// bf16 weights runs on pairwise bf16 dot products. Quantized formats run the kernels cpu_isa.h's
+// rule maps `isa` to (e.g. avx512_bf16 -> avx512_vnni). On error nothing is written. Output rows may not
 // overlap x (out is written while x is still being read by other threads).
 Status linear(const LinearParams& p);
 Status linear(const LinearParams& p, Isa isa);

@@ -69,7 +69,7 @@ class SchedulerConfig:
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, max_model_len: int = 2048,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  preemption_mode: PreemptionMode = ..., policy: SchedulingPolicy = ...,
-                 enable_trace: bool = False) -> None: ...
+                 enable_trace: bool = False, max_loras: int = 0) -> None: ...
     num_gpu_blocks: int
     num_cpu_blocks: int
     block_size: int
@@ -81,6 +81,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode
     policy: SchedulingPolicy
     enable_trace: bool
+    max_loras: int                               # distinct LoRA adapters per step (0: no cap)
 
 class SchedulerOutput:
     """One step's schedule. Arrays are zero-copy views that keep this object alive."""
@@ -100,6 +101,7 @@ class SchedulerOutput:
     num_computed_tokens: npt.NDArray[np.int32]   # [num_seqs] before this step
     query_start_loc: npt.NDArray[np.int32]       # [num_seqs + 1]
     seq_lens: npt.NDArray[np.int32]              # [num_seqs] after this step
+    adapter_ids: npt.NDArray[np.uint64]          # [num_seqs] LoRA adapter of each sequence (0: base)
     block_tables: npt.NDArray[np.int32]          # [num_seqs, max_num_blocks_per_seq], -1 padded
     input_ids: npt.NDArray[np.int64]             # [num_tokens]
     positions: npt.NDArray[np.int64]             # [num_tokens]
@@ -147,6 +149,7 @@ class SequenceInfo:
     num_cached_tokens: int
     num_draft_tokens: int                        # trailing tokens that are drafts awaiting verification
     num_preemptions: int
+    adapter_id: int                               # LoRA adapter (0: base model)
     block_table: list[int]
     num_tokens: int
     num_output_tokens: int
@@ -189,7 +192,8 @@ def set_kernel_isa(name: str) -> bool:
     """Selects the active ISA (tests, benchmarks); False if this CPU or build lacks it, ValueError if unknown."""
 def kernel_isa_names() -> list[str]:
     """generic, generic16, avx2, avx512, avx512_bf16, generic16_bf16, avx512_vnni, amx_bf16, amx_int8: a
-    kernel entry's isa code is the index here (-1: the active ISA); the last three are not built yet."""
+    kernel entry's isa code is the index here (-1: the active ISA); avx512_vnni runs the quantized linear
+    kernels' vpdpbusd path (never the active ISA); amx_* are not built yet."""
 def kernel_isa_supported(name: str) -> bool: ...
 def kernel_threading() -> str:
     """openmp (shares torch's runtime) or pool."""
@@ -215,24 +219,35 @@ def advise_huge_pages(ptr: int, num_bytes: int) -> int:
 
 # ---- CPU linear layers (cpp/kernels/linear.h; call pagedcore.ops.linear instead) ----
 class WeightFormat(enum.Enum):
-    """How a linear layer's weight [N, K] is stored; only the dense ones have kernels so far."""
+    """How a linear layer's weight [N, K] is stored: dense, int8 per channel (with weight_scales) or GGUF
+    blocks in ggml's byte layout (pagedcore.ops.quant_linear builds the quantized ones)."""
     DENSE_F32 = 0
     DENSE_BF16 = 1
     INT8_PER_CHANNEL = 2
     Q4_0 = 3
     Q4_1 = 4
     Q8_0 = 5
+    Q4_K = 6
+    Q5_K = 7
+    Q6_K = 8
 
 class LinearHandle:
     """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)
-    or 1 (SiLU-and-multiply of gate rows then up rows), isa an index of kernel_isa_names() or -1 (active)."""
+    or 1 (SiLU-and-multiply of gate rows then up rows), isa an index of kernel_isa_names() or -1 (active);
+    weight_scales: fp32 [N] per-row scales of an INT8_PER_CHANNEL weight (0 otherwise)."""
     def __init__(self, *, weight: int, bias: int, N: int, K: int, x_dtype: int, weight_format: WeightFormat,
-                 bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1) -> None: ...
+                 bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1, weight_scales: int = 0) -> None: ...
     def __call__(self, out: int, x: int, M: int, x_stride: int, out_stride: int) -> None:
         """out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller)."""
 def set_linear_tuning(n_chunk: int = 0, m_chunk: int = 0) -> None: ...
 def linear_read_probe(data: int, bytes: int, threads: int, isa: int = -1) -> float:
     """Streams bytes from data on threads threads (the bandwidth probe of bench/bench_decode.py)."""
+
+# ---- multi-LoRA (cpp/kernels/lora_kernel.h; call pagedcore.lora.kernel.lora_shrink_expand instead) ----
+def lora_shrink_expand_cpu(x: int, y: int, a_t: int, b_t: int, ranks: int, slice_starts: int, token_indices: int,
+                           segment_slots: int, segment_starts: int, num_tokens: int, in_features: int,
+                           out_features: int, x_stride: int, y_stride: int, num_slots: int, num_slices: int,
+                           max_rank: int, num_segments: int, dtype: int, isa: int = -1) -> None: ...
 
 # ---- CPU norms (cpp/kernels/norm.h; call pagedcore.ops.elementwise instead) ----
 def rms_norm_cpu(out: int, residual: int, x: int, weight: int, rows: int, n: int, x_stride: int, out_stride: int,

@@ -9,6 +9,25 @@ import re
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16")
+# --quantization names (vLLM's where it has one): "gguf" serves a .gguf file's blocks as stored (the
+# default for a GGUF under --dtype auto); "int8_per_channel" quantizes a dense checkpoint at load
+# (int8 weights, one scale per output channel; W8A8 with dynamic per-token activation scales), named
+# like vLLM's online schemes (fp8_per_tensor, fp8_per_block). docs/quantization.md says more.
+QUANTIZATION_METHODS = ("gguf", "int8_per_channel")
+# Names vLLM knows for pre-quantized checkpoints pagedcore cannot load yet: refused with the above.
+UNSUPPORTED_QUANTIZATION = ("gptq", "awq", "gptq_marlin", "awq_marlin", "compressed-tensors", "fp8",
+                            "bitsandbytes", "marlin", "ipex")
+
+
+def quantization_error(name: str) -> str | None:
+    """Why --quantization `name` is refused (naming what is supported), or None when it is known."""
+    if name in QUANTIZATION_METHODS:
+        return None
+    supported = ("gguf (a .gguf file's blocks served as stored: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) or "
+                 "int8_per_channel (a dense checkpoint quantized to int8 at load)")
+    if name in UNSUPPORTED_QUANTIZATION:
+        return f"quantization {name!r} is not supported by pagedcore; use {supported}"
+    return f"unknown quantization {name!r}; pagedcore supports {supported}"
 _PREEMPTION_MODES = ("recompute", "swap")
 _POLICIES = ("fcfs", "priority")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -39,7 +58,9 @@ def parse_memory_size(value: int | float | str) -> int | float:
 @dataclass
 class EngineConfig:
     model: str | None = None                 # HF folder or .gguf file; None = the bundled default
-    dtype: str = "float32"                   # weights, activations and KV cache: float32 | bfloat16
+    dtype: str = "auto"                      # weights, activations and KV cache: float32 | bfloat16 | auto
+                                             # (auto: a GGUF keeps its blocks, fp32 activations; else float32)
+    quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
     block_size: int = 16                     # tokens per KV block
     max_num_seqs: int = 256                  # sequences per step
     max_num_batched_tokens: int | None = None  # token budget per step; None = 2048 (>= max_model_len unchunked)
@@ -57,17 +78,27 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9      # on a GPU: share of its memory for weights, activations and KV cache
     enable_trace: bool = False               # per-step engine trace (the live simulator)
     max_logprobs: int = 20                   # the largest logprobs / prompt_logprobs a request may ask for
+    # Speculative decoding (vLLM's speculative_config): a dict such as {"method": "ngram",
+    # "num_speculative_tokens": 4}, validated into a spec_decode.SpeculativeConfig; None = off.
+    speculative_config: object = None
+    # Multi-LoRA (vLLM's names; docs/lora.md): adapters per step, their largest rank, adapters kept loaded.
+    enable_lora: bool = False
+    max_loras: int = 1                       # distinct adapters in one step (the weight slots)
+    max_lora_rank: int = 16                  # the largest adapter rank accepted
+    max_cpu_loras: int | None = None         # adapters kept loaded (an LRU); None = max_loras
 
     def __post_init__(self):
         def fail(field, allowed):
             raise ValueError(f"EngineConfig.{field} must be {allowed}, got {getattr(self, field)!r}")
 
-        if self.dtype in ("fp32", "float", "auto"):
+        if self.dtype in ("fp32", "float"):
             self.dtype = "float32"
         if self.dtype in ("bf16",):
             self.dtype = "bfloat16"
-        if self.dtype not in _DTYPES:
-            fail("dtype", "one of " + ", ".join(_DTYPES))
+        if self.dtype not in (*_DTYPES, "auto"):
+            fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
+        if self.quantization is not None and quantization_error(self.quantization):
+            raise ValueError(f"EngineConfig.quantization: {quantization_error(self.quantization)}")
         for field in ("block_size", "max_num_seqs"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -92,6 +123,25 @@ class EngineConfig:
             fail("swap_space", "bytes or a size like '1GiB'")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             fail("max_logprobs", "an integer >= 0")
+        for field in ("max_loras", "max_lora_rank"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                fail(field, "a positive integer")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif isinstance(self.max_cpu_loras, bool) or not isinstance(self.max_cpu_loras, int) \
+                or self.max_cpu_loras < self.max_loras:
+            fail("max_cpu_loras", f"None or an integer >= max_loras ({self.max_loras})")
+        if self.enable_lora and self.device != "cpu":
+            raise ValueError(f"EngineConfig.enable_lora: the LoRA kernel runs on the CPU only, and device is "
+                             f"{self.device!r}; use --device cpu or drop --enable-lora")
+        from pagedcore.spec_decode.config import SpeculativeConfig  # light: no engine imports
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+
+    def resolve_dtype(self, model_dtype: str) -> None:
+        """dtype "auto" becomes the loaded model's activation dtype (what the KV cache holds)."""
+        if self.dtype == "auto":
+            self.dtype = model_dtype
 
     def resolve_lengths(self, model_max_len: int) -> None:
         """Fills max_model_len / max_num_batched_tokens from the model and checks them against each other."""

@@ -108,7 +108,27 @@ class RequestOutput:
         return None if self.metrics is None else self.metrics.num_cached_tokens
 
 
+@dataclass
+class BeamSearchSequence:
+    """One returned beam of LLM.beam_search (vLLM's fields)."""
+
+    tokens: list[int]  # the prompt's tokens, then the beam's (its EOS included when it ended there)
+    logprobs: SampleLogprobs  # one {token id: Logprob} per generated token: the chosen token's
+    lora_request: None = None  # no adapters here; kept so vLLM code that reads it ports over
+    cum_logprob: float = 0.0  # sum of the generated tokens' logprobs
+    text: str | None = None  # the whole sequence decoded, prompt included, as vLLM's LLM.beam_search gives
+    finish_reason: FinishReason | None = None  # "stop" (EOS) or "length" (max_tokens)
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """The beam_width best beams of one prompt, best first (HF's length-penalised score)."""
+
+    sequences: list[BeamSearchSequence]
+
+
 __all__ = [
     "FinishReason", "Logprob", "SampleLogprobs", "PromptLogprobs",
-    "CompletionOutput", "RequestMetrics", "RequestOutput",
+    "CompletionOutput", "RequestMetrics", "RequestOutput", "BeamSearchSequence", "BeamSearchOutput",
 ]

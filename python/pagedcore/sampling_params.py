@@ -248,8 +248,11 @@ class BeamSearchParams:
     max_tokens: int
     ignore_eos: bool = False
     temperature: float = 0.0
-    length_penalty: float = 1.0  # score = cumulative logprob / length ** length_penalty
+    length_penalty: float = 1.0  # score = cumulative logprob / generated length ** length_penalty (HF's)
     include_stop_str_in_output: bool = False
+    # HF's generate(early_stopping=...): False (stop when no running beam can win, at its current
+    # length), True (stop once beam_width hypotheses ended), "never" (the canonical test).
+    early_stopping: bool | str = False
 
     def __post_init__(self):
         _check_int("BeamSearchParams", "beam_width", self.beam_width, lo=1, allowed=">= 1")
@@ -258,6 +261,9 @@ class BeamSearchParams:
         _check_bool("BeamSearchParams", "include_stop_str_in_output", self.include_stop_str_in_output)
         _check_float("BeamSearchParams", "temperature", self.temperature, lambda v: v >= 0, "a finite float >= 0")
         _check_float("BeamSearchParams", "length_penalty", self.length_penalty, lambda v: True, "a finite float")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f"BeamSearchParams.early_stopping must be True, False or \"never\", "
+                             f"got {self.early_stopping!r}")
 
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "BeamSearchParams", "MIN_TEMPERATURE"]

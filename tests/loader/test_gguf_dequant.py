@@ -9,9 +9,12 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as reference_dequantize
 from gguf.quants import quantize
 
-from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, dequantize_into
+from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, dequantize_into, dequantize_rows
+
+from ..quantization.blocks import random_blocks
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1]
+K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
 
 
 def quantised(ggml_type: T, shape=(300, 256), seed=0):
@@ -21,7 +24,23 @@ def quantised(ggml_type: T, shape=(300, 256), seed=0):
 
 
 def test_supported_types_are_the_documented_ones():
-    assert set(SUPPORTED_TYPES) == {t.name for t in TYPES}
+    assert set(SUPPORTED_TYPES) == {t.name for t in TYPES + K_QUANTS}
+
+
+@pytest.mark.parametrize("ggml_type", K_QUANTS + [T.Q8_0, T.Q4_1], ids=lambda t: t.name)
+def test_rows_and_k_quants_equal_the_gguf_reference(ggml_type):
+    """k-quants (gguf.quants cannot quantize them: random blocks) into fp32 and bf16, past one
+    chunk of rows; and dequantize_rows on gathered rows, as the blocked embedding uses it."""
+    blocks = random_blocks(ggml_type, 300, 512, seed=2)  # uint8 [300, row_bytes]
+    expected = reference_dequantize(blocks, ggml_type)  # fp32 [300, 512]
+    raw = torch.from_numpy(blocks).reshape(-1)
+    np.testing.assert_array_equal(dequantize(raw, ggml_type, (300, 512)).numpy(), expected)
+    out = torch.empty(300, 512, dtype=torch.bfloat16)
+    dequantize_into(raw, ggml_type, out)
+    assert torch.equal(out, torch.from_numpy(expected).to(torch.bfloat16))
+    picked = [7, 0, 299, 7]
+    rows = torch.from_numpy(blocks)[picked]  # uint8 [4, row_bytes]
+    np.testing.assert_array_equal(dequantize_rows(rows, ggml_type).numpy(), expected[picked])
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

@@ -40,7 +40,7 @@ def test_quantised_gguf_matches_hf_reading_the_same_file(tmp_path, kind, arch, m
     hf_model = tiny_models.build_hf_model(kind)
     path = tmp_path / f"{kind}.gguf"
     tiny_gguf.write_gguf(hf_model, path, matrix_type, arch, tokenizer=tiny_models.make_tokenizer())
-    loaded = load_model(str(path))
+    loaded = load_model(str(path), dtype="float32")
     assert loaded.source.format == "gguf"
     assert loaded.config.tie_word_embeddings == (kind == "llama_tied")
     assert loaded.config.attention_bias == (arch == "qwen2")
@@ -55,7 +55,7 @@ def test_mixed_tensor_types_in_one_file(tmp_path):
                          tensor_types={"token_embd.weight": T.Q8_0, "output.weight": T.F16,
                                        "blk.0.attn_q.weight": T.BF16, "blk.1.attn_k.weight": T.Q4_0,
                                        "blk.2.ffn_down.weight": T.F32})
-    torch.testing.assert_close(prompt_logits(load_model(str(path))),
+    torch.testing.assert_close(prompt_logits(load_model(str(path), dtype="float32")),
                                tiny_models.hf_logits(hf_from_gguf(path), PROMPT), atol=ATOL, rtol=0)
 
 
@@ -65,7 +65,7 @@ def test_unquantised_qwen3_gguf_equals_the_original_model(tmp_path):
     hf_model = tiny_models.build_hf_model("qwen3")
     path = tiny_gguf.write_gguf(hf_model, tmp_path / "qwen3.gguf", T.F32, "qwen3",
                                 tokenizer=tiny_models.make_tokenizer())
-    loaded = load_model(path)
+    loaded = load_model(path, dtype="float32")
     assert (loaded.config.head_dim, loaded.config.qk_norm) == (32, True)
     torch.testing.assert_close(prompt_logits(loaded), tiny_models.hf_logits(hf_model, PROMPT),
                                atol=ATOL, rtol=0)
@@ -80,7 +80,7 @@ def test_llama3_rope_freqs_tensor_reproduces_llama3_scaling(tmp_path):
     assert factors.min() == 1.0 and factors.max() == rope["factor"]  # all three bands present
     path = tiny_gguf.write_gguf(hf_model, tmp_path / "llama3.gguf", T.F32, "llama", rope_freqs=factors,
                                 tokenizer=tiny_models.make_tokenizer())
-    loaded = load_model(path)
+    loaded = load_model(path, dtype="float32")
     assert loaded.config.rope_scaling is None  # the factors come with the weights
     torch.testing.assert_close(prompt_logits(loaded), tiny_models.hf_logits(hf_model, PROMPT),
                                atol=ATOL, rtol=0)
@@ -95,5 +95,5 @@ def test_gguf_in_bfloat16(tmp_path):
     loaded = load_model(path, dtype=torch.bfloat16)
     assert loaded.config.dtype == "bfloat16"
     assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
-    reference = prompt_logits(load_model(path))
+    reference = prompt_logits(load_model(path, dtype="float32"))
     assert (prompt_logits(loaded) - reference).abs().max() < 0.1 * reference.abs().max()

@@ -89,9 +89,12 @@ def add_sentencepiece_vocab(writer, vocab_size: int) -> None:
 
 def write_gguf(hf_model, path, matrix_type: T = T.F32, arch: str = "llama",
                tensor_types: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
-               tokenizer=None, sentencepiece: bool = False) -> str:
+               tokenizer=None, sentencepiece: bool = False,
+               raw_tensors: dict[str, tuple[np.ndarray, T]] | None = None) -> str:
     """hf_model (a tiny transformers model) -> a GGUF file at path. Matrices in matrix_type unless
     tensor_types names another for a GGUF tensor; 1-D tensors stay F32 as llama.cpp keeps them.
+    raw_tensors: GGUF name -> (uint8 [rows, row_bytes] blocks, type) written instead of the model's
+    values (formats gguf.quants cannot quantize: the k-quants), already in file row order.
     The vocabulary: byte-level BPE from `tokenizer`, or a small sentencepiece one."""
     config = hf_model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -132,6 +135,10 @@ def write_gguf(hf_model, path, matrix_type: T = T.F32, arch: str = "llama",
         elif arch == "llama" and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, config.num_key_value_heads)
         target = gguf_name(name)
+        if target in (raw_tensors or {}):
+            blocks, qtype = raw_tensors[target]
+            writer.add_tensor(target, np.ascontiguousarray(blocks), raw_dtype=qtype)
+            continue
         qtype = (tensor_types or {}).get(target, matrix_type) if array.ndim == 2 else T.F32
         if qtype == T.F32:
             writer.add_tensor(target, np.ascontiguousarray(array))

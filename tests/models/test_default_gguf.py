@@ -23,7 +23,9 @@ NUM_GENERATED = 20
 
 @pytest.fixture(scope="module")
 def ours():
-    return load_model()
+    # Dequantised to fp32, the weights HF reads from the same file: exact parity. The default
+    # (--dtype auto) serves the blocks as stored; tests/quantization/test_default_model.py holds that.
+    return load_model(dtype="float32")
 
 
 @pytest.fixture(scope="module")

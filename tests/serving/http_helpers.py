@@ -27,9 +27,11 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m pagedcore.cli serve ...` on a free port; its log goes to a temporary file."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, https: dict | None = None):
+        """https: httpx's TLS arguments (verify=, cert=) for a server started with --ssl-* flags."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.https = https
+        self.url = f"{'https' if https is not None else 'http'}://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="pagedcore-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "pagedcore.cli", "serve", "--port", str(self.port), "--grpc-port", "0",
                "--kv-cache-memory", "256MiB", "--max-model-len", str(MAX_MODEL_LEN),
@@ -44,7 +46,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                status = httpx.get(self.url + "/health", timeout=5).status_code
+                status = httpx.get(self.url + "/health", timeout=5, **(self.https or {})).status_code
             except httpx.TransportError:
                 time.sleep(0.2)
                 continue

@@ -311,6 +311,8 @@ def test_full_queue_is_resource_exhausted(stub, async_engine):
                 call()
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "--max-queued-requests" in refused.value.details()
+            assert "retry after 1 s" in refused.value.details()          # retry info in the message
+            assert ("retry-after", "1") in tuple(refused.value.trailing_metadata() or ())
     finally:
         async_engine.max_queued_requests = saved
     wait_idle(async_engine)

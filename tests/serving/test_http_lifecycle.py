@@ -11,15 +11,17 @@ import threading
 import httpx
 import pytest
 
-from tests.serving.http_helpers import ServerProcess
+from tests.serving.http_helpers import ServerProcess, metric, wait_until
 
-KEYS = ["key-one", "key-two", "key-env"]
+KEYS = ["key-one", "key-two", "key-three", "key-four", "key-env"]
 
 
 @pytest.fixture(scope="module")
 def server():
     # One running sequence and one waiting place: a third request is refused.
-    s = ServerProcess("--api-key", "key-one,key-two", "--max-num-seqs", "1", "--max-queued-requests", "1",
+    # Every way vLLM's users write several keys: commas, several values, the flag repeated, the environment.
+    s = ServerProcess("--api-key", "key-one,key-two", "key-three", "--api-key", "key-four",
+                      "--max-num-seqs", "1", "--max-queued-requests", "1",
                       "--shutdown-timeout", "120", env={"PAGEDCORE_API_KEY": "key-env"})
     try:
         s.wait_ready()
@@ -86,13 +88,15 @@ def test_a_full_queue_answers_429(server):
         threads = [_start_stream(client, server.url, "Count to ten:", 16, *running)]
         assert running[1].wait(120) and running[0][0] == "status 200"   # running: the only sequence
         threads.append(_start_stream(client, server.url, "Hello", 1, *waiting))
-        while not waiting[0]:                                             # queued: the one waiting place
-            threading.Event().wait(0.05)
-        assert waiting[0][0] == "status 200"
+        # Queued in the one waiting place (its response starts with its first token, so watch /metrics).
+        assert wait_until(lambda: metric(server.url, "pagedcore:num_requests_waiting") == 1, timeout=120)
         refused = client.post(server.url + "/v1/completions", headers=auth("key-one"),
                               json={"prompt": "Hi", "max_tokens": 1})
         assert refused.status_code == 429, refused.text
-        assert "--max-queued-requests" in refused.json()["error"]["message"]
+        assert refused.headers["Retry-After"] == "1"
+        error = refused.json()["error"]
+        assert "--max-queued-requests" in error["message"] and "retry after 1 s" in error["message"]
+        assert error["type"] == "rate_limit_error"
         for t in threads:
             t.join(300)
         assert _texts(running[0])[1] == "length" and _texts(waiting[0])[1] == "length"

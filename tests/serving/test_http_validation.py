@@ -38,6 +38,11 @@ BAD = [
     ("/v1/completions", {**P, "logit_bias": {"10000000": 1}}, "logit_bias"),
     ("/v1/completions", {**P, "seed": "abc"}, "seed"),
     ("/v1/completions", {**P, "seed": 2**70}, "seed"),
+    ("/v1/completions", {**P, "seed": -(2**63) - 1}, "seed"),
+    ("/v1/completions", {**P, "temperature": 2.5}, "temperature"),          # OpenAI's range: refused, not clamped
+    ("/v1/completions", {**P, "stream_options": {"include_usage": True}}, "stream_options"),   # without stream
+    ("/v1/chat/completions", {**M, "stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    ("/v1/chat/completions", {**M, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("/v1/completions", {**P, "stop": 5}, "stop"),
     ("/v1/completions", {**P, "stop": [""]}, "stop"),
     ("/v1/completions", {**P, "stop_token_ids": [-1]}, "stop_token_ids"),

@@ -16,8 +16,8 @@ FREE_RGB = (36, 42, 56)        # grid.js COLORS.free
 # The centre-left pixel of block b's cell on the GPU grid, after two animation frames (one render).
 PIXEL = """async (b) => {
   await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-  const g = PC.grids.gpu, c = g.cell, dpr = devicePixelRatio;
-  const x = (b % g.cols) * c + 4, y = Math.floor(b / g.cols) * c + c / 2;
+  const g = PC.grids.gpu, r = g.cellRect(b), dpr = devicePixelRatio;
+  const x = r.x + 4, y = r.y + r.h / 2;
   return Array.from(g.canvas.getContext('2d').getImageData(Math.floor(x * dpr), Math.floor(y * dpr), 1, 1).data.slice(0, 3));
 }"""
 LIVE = "() => PC.feed.mode === 'live' && PC.state.config !== null"

@@ -19,7 +19,8 @@ def client():
 def test_the_page_and_its_files_are_served_from_the_package(client):
     page = client.get("/")
     assert page.status_code == 200 and '<base href="/simulator/static/">' in page.text
-    for name in ("app.js", "state.js", "feed.js", "grid.js", "timeline.js", "panels.js", "simulate.js", "style.css"):
+    for name in ("app.js", "state.js", "feed.js", "grid.js", "grid_layout.js", "explain.js", "timeline.js", "panels.js",
+                 "simulate.js", "style.css"):
         r = client.get(f"/simulator/static/{name}")
         assert r.status_code == 200 and len(r.content) > 500, name
     assert client.get("/simulator/static/..%2Frouter.py").status_code == 404
@@ -40,7 +41,7 @@ def test_the_page_fetches_nothing_from_the_network():
 def test_without_a_recorder_the_stream_says_how_to_get_one(client):
     assert client.get("/simulator/info").json()["live"] is False
     body = client.get("/simulator/events").text
-    assert '"kind": "unavailable"' in body and "--enable-trace" in body
+    assert '"kind": "unavailable"' in body and "--disable-trace" in body
     assert client.get("/simulator/state").status_code == 404
 
 
@@ -67,3 +68,34 @@ def test_trace_overhead_script_runs():
 
     r = measure(num_requests=40, num_seqs=16, repeats=1)
     assert r["steps"] > 0 and all(r[k] > 0 for k in ("off", "events", "tracer", "recorder"))
+
+
+def test_serve_records_the_trace_unless_told_not_to():
+    import argparse
+
+    from pagedcore.serving.cli import add_serve_parser, cmd_serve
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_serve_parser(sub)
+    assert parser.parse_args(["serve"]).enable_trace is True
+    assert parser.parse_args(["serve", "--enable-trace"]).enable_trace is True     # still accepted
+    assert parser.parse_args(["serve", "--disable-trace"]).enable_trace is False
+    args = parser.parse_args(["serve", "--disable-trace", "--trace-file", "t.jsonl"])
+    with pytest.raises(ValueError, match="--trace-file needs the trace: drop --disable-trace"):
+        cmd_serve(args)
+
+
+def test_info_reports_the_cost_of_the_trace():
+    from pagedcore import _core
+    from pagedcore.simulator.recorder import TraceRecorder
+    from pagedcore.simulator.trace import StepTracer
+
+    recorder = TraceRecorder()
+    recorder.start(StepTracer(_core.Scheduler(_core.SchedulerConfig(num_gpu_blocks=8, block_size=4, enable_trace=True))))
+    app = FastAPI()
+    app.include_router(simulator_router(None, recorder))
+    with TestClient(app) as c:
+        info = c.get("/simulator/info").json()
+    assert info["live"] is True and info["why_not_live"] is None
+    assert info["trace_cost"] == {"num_records": 0, "seconds": 0.0}

@@ -171,3 +171,50 @@ def test_a_subscriber_that_falls_behind_restarts_from_a_snapshot():
         assert recorder.drain(sub) == []
     finally:
         loop.close()
+
+
+def test_drafted_and_accepted_tokens_are_recorded_and_the_mirror_stays_exact():
+    # Speculative decoding: drafts arrive between steps without events; a step verifies them and
+    # update() keeps m tokens per row (accepted drafts + the target's own), rolling the rest back.
+    from pagedcore.simulator.trace import VERIFY
+
+    s = make(num_blocks=32, block_size=4, budget=64)
+    tracer = StepTracer(s)
+    s.add_sequence(0, list(range(100, 106)), max_tokens=40, ignore_eos=True)
+    s.add_sequence(1, list(range(200, 209)), max_tokens=40, ignore_eos=True)
+    out = s.schedule()
+    records = [tracer.on_step(out, s.update(np.full(len(out.sample_seq_ids), 7)))]
+    assert "spec" not in records[0]
+    s.append_tokens(0, [60, 61, 62, 63, 64, 65], draft=True)   # 7 + 6 tokens: a 4th block, for drafts only
+    s.append_tokens(1, [70, 71], draft=True)
+    out = s.schedule()
+    assert out.num_draft_tokens == 8
+    keep = {0: [60, 99], 1: [70, 71, 72]}       # seq 0: one draft, then the target's token; seq 1: all + bonus
+    order = out.sample_seq_ids.tolist()
+    res = s.update(np.array([t for sid in order for t in keep[sid]]),
+                   num_accepted_tokens=np.array([len(keep[sid]) for sid in order]))
+    rec = tracer.on_step(out, res)
+    records.append(rec)
+    assert rec["spec"]["num_draft_tokens"] == 8
+    assert rec["spec"]["num_accepted_tokens"] == 1 + 2
+    assert rec["spec"]["num_generated_tokens"] == 5
+    assert sorted(rec["spec"]["seqs"]) == [[0, 6, 1], [1, 2, 2]]
+    assert {row[3] for row in rec["scheduled"]} == {VERIFY}
+    assert_mirror_exact(s, tracer.state)          # token counts and the shrunk block table of seq 0
+    out = s.schedule()
+    records.append(tracer.on_step(out, s.update(np.full(len(out.sample_seq_ids), 7))))
+    assert_mirror_exact(s, tracer.state)
+    replayed = KVState.from_snapshot(StepTracer(make(num_blocks=32, block_size=4, budget=64)).state.snapshot())
+    for r in records:
+        replayed.apply(r)
+    assert replayed.digest() == tracer.state.digest()
+
+
+def test_extras_from_the_resolver_ride_on_the_sequence():
+    s = make()
+    tracer = StepTracer(s, resolve=lambda sid: (f"req-{sid}", 0.0, {"lora_name": "sql-adapter"}))
+    s.add_sequence(0, list(range(100, 110)), max_tokens=2, ignore_eos=True)
+    out = s.schedule()
+    rec = tracer.on_step(out, s.update(np.full(len(out.sample_seq_ids), 7)))
+    assert rec["seqs"]["0"]["lora_name"] == "sql-adapter"
+    assert tracer.state.snapshot()["seqs"]["0"]["lora_name"] == "sql-adapter"

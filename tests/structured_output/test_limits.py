@@ -126,6 +126,7 @@ def test_grpc_maps_a_slow_compile_to_invalid_argument_naming_the_field():
     servicer.engine = SimpleNamespace(engine=SimpleNamespace(grammars=cache_with(compile_timeout_s=0.02)))
     servicer.draining, servicer.max_new_tokens_limit, servicer.max_logprobs = False, 1024, 20
     servicer.default_include_stop_sequence = True
+    servicer.lora_manager = None
     params = pb.Parameters(decoding=pb.DecodingParameters(json_schema=json.dumps(SLOW_SCHEMA)))
     request = pb.BatchedGenerationRequest(requests=[pb.GenerationRequest(text="Hi")], params=params)
     with pytest.raises(ParamError) as refused:

@@ -79,6 +79,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gemm-gflops", type=float, default=None,
                    help="GEMM rate for the decode floor (default: measure torch's at the model's shapes here)")
     p.add_argument("--seed-workload", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--workload-file", default=None,
+                   help="time single-stream decode over this workload's requests instead, speculation off and on "
+                        "(with --speculative-config), e.g. bench/workloads/input_grounded.json")
+    p.add_argument("--num-prompts", type=int, default=None, help="with --workload-file: its first N requests")
     p.add_argument("--output-json", default=None, help="write the result here")
     add_engine_args(p)
     p.set_defaults(func=_command("latency", "cmd_latency"))
@@ -109,4 +113,20 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="measured walls to set against the floor, e.g. pagedcore-fp32=float32:80.1")
     p.add_argument("--output-json", default=None, help="write the result here")
     p.set_defaults(func=_command("roofline_cmd", "cmd_roofline"))
+
+    p = sub.add_parser("perplexity", help="perplexity of each weight format (fp32, bf16, q8_0, as stored, int8) on a fixed text")
+    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: the bundled Q4_1 model)")
+    p.add_argument("--ctx", type=int, default=512, help="tokens per window; the second half of each is scored")
+    p.add_argument("--num-windows", type=int, default=16, help="windows from the start of the text")
+    p.add_argument("--variants", nargs="+", default=["fp32", "bf16", "q8_0", "as-stored", "int8_per_channel"],
+                   choices=["fp32", "bf16", "q8_0", "as-stored", "int8_per_channel"], help="weight formats to score")
+    p.add_argument("--llamacpp-python", default=None,
+                   help="a python with llama-cpp-python (e.g. /tmp/llama-venv/bin/python): llama.cpp's PPL side by side")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="windows in flight at once")
+    p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-cache-memory", default="1GiB", help="KV cache size")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    p.set_defaults(func=_command("perplexity", "cmd_perplexity"))
+
+    importlib.import_module("pagedcore.benchmarks.soak").add_soak_parser(sub)
     return bench

@@ -18,6 +18,7 @@ def build_engine(args, **overrides):
     view = engine.view
     cfg = view.config
     setup = {"model": cfg.model or "default (SmolLM2-135M-Instruct GGUF)", "dtype": cfg.dtype,
+             "weight_format": engine.loaded.weight_format, "weight_bytes": dict(engine.loaded.weight_bytes),
              "startup_seconds": startup, "load_seconds": view.load_seconds,
              "kv_cache": view.kv_cache_description, "kv_cache_bytes": view.kv_cache_bytes,
              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,

@@ -80,11 +80,53 @@ def decode_steps(engine, batch_size: int, input_len: int, num_steps: int, rng) -
 
 
 
+def grounded_decode(engine, requests) -> dict:
+    """Single-stream decode tok/s over input-grounded requests (bench/workloads/input_grounded.json),
+    with speculation off and on in the same engine (the speculator unplugged for "off"), request by
+    request alternately so that both see the same machine load; greedy, so both emit the same tokens."""
+    from pagedcore.spec_decode import SpecDecodeStats
+
+    speculator = engine.speculator
+    modes = [("off", None)] + ([("on", speculator)] if speculator is not None else [])
+    acc = {label: {"decode_seconds": 0.0, "decode_tokens": 0, "ttft": []} for label, _ in modes}
+    if speculator is not None:
+        speculator.stats = SpecDecodeStats(speculator.config.num_speculative_tokens)
+    try:
+        for r in requests:
+            for label, spec in modes:
+                engine.speculator = spec
+                one = single_request(engine, r.prompt_token_ids, r.max_tokens)
+                acc[label]["decode_seconds"] += one["e2e"] - one["ttft"]
+                acc[label]["decode_tokens"] += one["num_tokens"] - 1
+                acc[label]["ttft"].append(one["ttft"])
+    finally:
+        engine.speculator = speculator
+    out = {label: {"decode_tok_per_s": a["decode_tokens"] / a["decode_seconds"], "decode_tokens": a["decode_tokens"],
+                   "median_ttft": statistics.median(a["ttft"])} for label, a in acc.items()}
+    if speculator is not None:
+        out["speedup"] = out["on"]["decode_tok_per_s"] / out["off"]["decode_tok_per_s"]
+        out["speculative_config"] = vars(speculator.config)
+        out["acceptance"] = speculator.stats.as_dict()
+    out["num_requests"] = len(requests)
+    return out
+
+
 def cmd_latency(args) -> int:
     engine, setup = build_engine(args)
     mc = engine.view.model_config
     rng = np.random.default_rng(args.seed_workload)
     warm_up(engine, mc.vocab_size)
+    if getattr(args, "workload_file", None):
+        from pagedcore.benchmarks.workloads import from_file
+
+        grounded = grounded_decode(engine, from_file(args.workload_file, args.num_prompts))
+        result = {"setup": setup, "machine": machine.cpu_info(), "load_average": machine_load(),
+                  "workload_file": args.workload_file, "grounded": grounded}
+        print(format_grounded(result))
+        if args.output_json:
+            with open(args.output_json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return 0
     prompt = _prompt(rng, args.input_len, mc.vocab_size)
     runs = [single_request(engine, prompt, args.output_len) for _ in range(max(1, args.num_iters))]
     runs.sort(key=lambda r: r["e2e"])
@@ -138,4 +180,30 @@ def format_result(r: dict) -> str:
                      f"{d['floor_tok_per_s']:>11.1f} {d['gap']:>7.2f} {100 * d['model_forward_share']:>8.1f}% "
                      f"{100 * d['attention_share']:>8.1f}% {100 * d['outside_forward_share']:>10.1f}% "
                      f"{100 * (sh['schedule'] + sh['input_prep']):>9.1f}%")
+    return "\n".join(lines)
+
+
+def machine_load() -> list[float]:
+    """1, 5 and 15-minute load averages (the machine may be shared: print them beside every figure)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
+
+
+def format_grounded(r: dict) -> str:
+    s, g = r["setup"], r["grounded"]
+    lines = [f"pagedcore bench latency --workload-file {r['workload_file']}  ({s['dtype']}, {s['model']})",
+             f"machine: {machine.describe_cpu(r['machine'])}   load average: {r['load_average']}",
+             f"single-stream decode over {g['num_requests']} input-grounded requests (speculation off / on alternately):"]
+    for label in ("off", "on"):
+        if label in g:
+            lines.append(f"  speculation {label:<3}  {g[label]['decode_tok_per_s']:8.1f} tok/s decode   "
+                         f"({g[label]['decode_tokens']} tokens, median TTFT {1000 * g[label]['median_ttft']:.1f} ms)")
+    if "speedup" in g:
+        a = g["acceptance"]
+        lines.append(f"  speed-up {g['speedup']:.2f}x   acceptance {100 * a['acceptance_rate']:.1f}% of "
+                     f"{a['num_draft_tokens']} drafts, {a['mean_accepted_length']:.2f} tokens per verification, "
+                     f"accepted per position {a['num_accepted_tokens_per_pos']}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 # Flags that decide which GEMM / attention code paths a CPU can run.
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-             "amx_bf16", "amx_tile")
+             "amx_bf16", "amx_int8", "amx_tile")
 
 
 def cpu_info() -> dict:
@@ -69,15 +69,22 @@ def linear_shapes(hidden_size: int, intermediate_size: int, q_size: int, kv_size
             (hidden_size, 2 * intermediate_size), (intermediate_size, hidden_size)]
 
 
-def measure_gemm(shapes: list[tuple[int, int]], num_rows: int, dtype: torch.dtype, min_time: float = 0.3) -> float:
-    """GFLOP/s of torch's F.linear over one layer's shapes (in, out) at num_rows rows, as the model calls it."""
+def measure_gemm(shapes: list[tuple[int, int]], num_rows: int, dtype: torch.dtype, min_time: float = 0.3,
+                 library: str = "torch") -> float:
+    """GFLOP/s over one layer's shapes (in, out) at num_rows rows, as the model calls it: torch's
+    F.linear (library "torch") or oneDNN with prepacked weights ("onednn_packed", ops/onednn_linear.py)."""
     weights = [torch.randn(n_out, n_in).to(dtype) for n_in, n_out in shapes]
     inputs = [torch.randn(num_rows, n_in).to(dtype) for n_in, _ in shapes]
     flops = sum(2 * num_rows * n_in * n_out for n_in, n_out in shapes)
+    if library == "onednn_packed":
+        from pagedcore.ops.onednn_linear import PrepackedWeight
+        fns = [PrepackedWeight(w) for w in weights]
+    else:
+        fns = [lambda x, w=w: F.linear(x, w) for w in weights]
 
     def run():
-        for x, w in zip(inputs, weights):
-            F.linear(x, w)
+        for x, fn in zip(inputs, fns):
+            fn(x)
     with torch.inference_mode():
         return flops / _best_seconds(run, min_time) / 1e9
 
@@ -93,7 +100,8 @@ def peak_gemm_gflops(mc, dtype_name: str, rows=(256, 1024), min_time: float = 0.
     AVX512-BF16) the engine widens bf16 weights and runs the fp32 GEMM (kernels_linear.torch_linear),
     so the fp32 rate is the one its bf16 math can reach."""
     dtype = getattr(torch, dtype_name)
-    rate = max(measure_gemm(model_linear_shapes(mc), m, dtype, min_time) for m in rows)
+    rate = max(measure_gemm(model_linear_shapes(mc), m, dtype, min_time, lib) for m in rows
+               for lib in _libraries())
     if dtype is torch.bfloat16:
         rate = max(rate, peak_gemm_gflops(mc, "float32", rows, min_time))
     return rate
@@ -121,6 +129,10 @@ def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32
         dtype = getattr(torch, name)
         per_rows = {m: measure_gemm(shapes, m, dtype, min_time) for m in rows}
         result["gemm"][name] = per_rows
+        if "onednn_packed" in _libraries():
+            packed = {m: measure_gemm(shapes, m, dtype, min_time, "onednn_packed") for m in rows}
+            result.setdefault("gemm_onednn_packed", {})[name] = packed
+            per_rows = {m: max(per_rows[m], packed[m]) for m in rows}  # the floor's rate: the better library
         result["lm_head_gemm"][name] = {m: measure_gemm(lm_head, m, dtype, min_time) for m in (1, 64)}
         result["gemm_gflops"][name] = max(v for m, v in per_rows.items() if m >= 256) if max(rows) >= 256 \
             else max(per_rows.values())
@@ -128,12 +140,21 @@ def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32
     return result
 
 
+def _libraries() -> tuple[str, ...]:
+    from pagedcore.ops.onednn_linear import available
+    return ("torch", "onednn_packed") if available() else ("torch",)
+
+
 def format_ceilings(c: dict) -> str:
     lines = []
     for name, per_rows in c["gemm"].items():
         cells = "  ".join(f"M={m}: {v:6.1f}" for m, v in per_rows.items())
         lm = "  ".join(f"M={m}: {v:6.1f}" for m, v in c["lm_head_gemm"][name].items())
-        lines.append(f"  GEMM {name:<8} layer linears  {cells}  GFLOP/s")
+        lines.append(f"  GEMM {name:<8} layer linears  {cells}  GFLOP/s (torch F.linear)")
+        packed = c.get("gemm_onednn_packed", {}).get(name)
+        if packed:
+            cells = "  ".join(f"M={m}: {v:6.1f}" for m, v in packed.items())
+            lines.append(f"  GEMM {name:<8} layer linears  {cells}  GFLOP/s (oneDNN, weights prepacked)")
         lines.append(f"  GEMM {name:<8} lm_head        {lm}  GFLOP/s")
     bw = c["bandwidth"]
     lines.append(f"  memory: copy {bw['copy_gbps']:.1f} GB/s (read + write), read-only {bw['read_gbps']:.1f} GB/s")

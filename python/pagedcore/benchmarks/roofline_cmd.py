@@ -33,6 +33,10 @@ def cmd_roofline(args) -> int:
     cost = roofline.ModelCost.of(mc)
     info = machine.cpu_info()
     print(f"machine: {machine.describe_cpu(info)}")
+    from pagedcore.ops.linear_isa import dispatch_report
+    print("kernel dispatch (what runs each family on this CPU; the engine logs the same at model load):")
+    for family, what in dispatch_report():
+        print(f"  {family:22s} {what}")
     ceilings = machine.measure_ceilings(mc, rows=tuple(args.rows), min_time=args.min_time,
                                         bandwidth_bytes=args.bandwidth_mib * 1024**2)
     print(machine.format_ceilings(ceilings))

@@ -5,6 +5,8 @@ Four kinds, all deterministic for a given seed:
     shared-prefix  one system prompt shared by every request, then a short unique question (prefix caching)
     long-prompt    prompts longer than one step's token budget (chunked prefill)
     file           a JSON file in the format of bench/workloads/workload_n128_seed0.json
+    input-grounded bench/workloads/input_grounded.json: edits and summaries copying a long prompt
+                   (made by benchmarks/input_grounded.py; where speculative decoding pays)
 Every request has ignore_eos, so it generates exactly max_tokens tokens and runs are comparable.
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WORKLOAD_KINDS = ("synthetic", "shared-prefix", "long-prompt", "file")
+WORKLOAD_KINDS = ("synthetic", "shared-prefix", "long-prompt", "file", "input-grounded")
 # Token ids are drawn from [FIRST_PLAIN_TOKEN, vocab_size): the lowest ids of most vocabularies are
 # special tokens (BOS/EOS/chat markers), which a plain-text prompt never holds.
 FIRST_PLAIN_TOKEN = 100
@@ -107,6 +109,10 @@ def make_workload(kind: str, vocab_size: int, num_requests: int | None = None, s
         if not path:
             raise ValueError("--workload file needs --workload-file PATH (e.g. bench/workloads/workload_n128_seed0.json)")
         return from_file(path, num_requests)
+    if kind == "input-grounded":
+        from pathlib import Path
+        return from_file(str(Path(__file__).resolve().parents[3] / "bench/workloads/input_grounded.json"),
+                         num_requests)
     if kind == "synthetic":
         return synthetic(num_requests or 128, vocab_size, seed, **lengths)
     if kind == "shared-prefix":

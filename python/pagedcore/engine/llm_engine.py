@@ -19,6 +19,8 @@ import torch
 from pagedcore import _core
 from pagedcore.config import EngineConfig
 from pagedcore.engine import kv_cache as kvc
+from pagedcore.engine.beam_search import BeamSearch
+from pagedcore.engine.fault_injection import FaultInjector
 from pagedcore.engine.output_processor import OutputProcessor
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
@@ -27,7 +29,9 @@ from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.sampling.sampler import Sampler
-from pagedcore.sampling_params import SamplingParams
+from pagedcore.sampling_params import BeamSearchParams, SamplingParams
+from pagedcore.spec_decode.speculator import Speculator
+from pagedcore.spec_decode.stats import step_record as spec_step_record
 from pagedcore.structured_output.compiler import GrammarCache
 
 logger = logging.getLogger(__name__)
@@ -43,9 +47,10 @@ class LLMEngine:
         if loaded is None:
             from pagedcore.loader import load_model
 
-            loaded = load_model(config.model, dtype=config.dtype)
+            loaded = load_model(config.model, dtype=config.dtype, quantization=config.quantization)
         self.loaded = loaded
         self.model_config = mc = loaded.config
+        config.resolve_dtype(mc.dtype)  # "auto" -> the model's activation (and KV cache) dtype
         self.tokenizer = loaded.tokenizer
         config.resolve_lengths(mc.max_position_embeddings)
         self.eos_token_ids = list(mc.eos_token_ids)
@@ -88,24 +93,42 @@ class LLMEngine:
                              else _core.PreemptionMode.RECOMPUTE),
             policy=(_core.SchedulingPolicy.PRIORITY if config.scheduling_policy == "priority"
                     else _core.SchedulingPolicy.FCFS),
-            enable_trace=config.enable_trace))
+            enable_trace=config.enable_trace, max_loras=config.max_loras if config.enable_lora else 0))
         self.sampler = Sampler()
         # Structured output: constraints compile here (front ends first, to refuse bad ones with a 400).
         self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.registry = RequestRegistry(self.tokenizer, config.device)
+        self.lora_manager = None  # multi-LoRA (pagedcore.lora): adapters, their slots, each step's adapter rows
+        if config.enable_lora:
+            from pagedcore.lora import LoRAManager
+
+            self.lora_manager = LoRAManager(
+                loaded.model, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                max_cpu_loras=config.max_cpu_loras, is_request_live=lambda request_id: request_id in self.registry)
+            worker.runner.lora_manager = self.lora_manager
         self.output_processor = OutputProcessor(self.registry, self.scheduler, self.sampler, self.tokenizer,
                                                 mc.vocab_size, self.eos_token_ids)
         self._prompt_logprob_salts = itertools.count(1)
         self.step_listeners = []      # callables(out, result, timing) after each step (tracer, probes)
         self.last_step_timing: dict | None = None
+        self.fault_injector = FaultInjector.from_env()   # a test hook; None unless PAGEDCORE_FAULT_INJECTION
+        self.speculator = None   # speculative decoding (spec_decode/): drafts proposed after each step
+        if config.speculative_config is not None:
+            self.speculator = Speculator(config.speculative_config, self.scheduler, self.output_processor,
+                                         config.max_model_len, config.max_num_batched_tokens)
+        # Beam-search requests (BeamSearchParams): decided per step over their beams' logits rows.
+        self.beam_search = BeamSearch(self.registry, self.scheduler, self.tokenizer, self.eos_token_ids,
+                                      mc.vocab_size, config.max_num_seqs, config.max_model_len,
+                                      speculative=self.speculator is not None)
         self.view = EngineView(self)
         self.startup_seconds = time.perf_counter() - t0
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
                     prompt_token_ids: Sequence[int] | None = None, arrival_time: float | None = None,
-                    priority: int = 0, output_kind: str = "cumulative") -> None:
-        """Queues one request. Raises ValueError, naming the fix, for anything that could never run."""
+                    priority: int = 0, output_kind: str = "cumulative", lora_request=None) -> None:
+        """Queues one request. Raises ValueError, naming the fix, for anything that could never run.
+        lora_request: a pagedcore.lora.LoRARequest to run the request under that adapter."""
         params = params or SamplingParams()
         if request_id in self.registry:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -116,6 +139,10 @@ class LLMEngine:
                 raise ValueError("give a prompt or prompt_token_ids")
             prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         prompt_token_ids = [int(t) for t in prompt_token_ids]
+        beam_params = None   # beam search: its sequences run as greedy ones, the beam stage decides
+        if isinstance(params, BeamSearchParams):
+            beam_params, params = params, self.beam_search.sampling_params(params, len(prompt_token_ids),
+                                                                           lora_request)
         vocab = self.model_config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -133,6 +160,12 @@ class LLMEngine:
         grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
         now = time.time()
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else now, num_samples=params.n)
+        adapter_id = 0
+        if lora_request is not None:  # loads (or finds) the adapter and pins it; raises before anything is queued
+            if self.lora_manager is None:
+                raise ValueError(f"request {request_id!r} names LoRA adapter {lora_request.lora_name!r} but LoRA is "
+                                 "off; start the engine with enable_lora=True (--enable-lora)")
+            adapter_id = self.lora_manager.acquire(lora_request, request_id)
         req = self.registry.new_request(request_id, prompt, prompt_token_ids, params, metrics, output_kind,
                                         grammar=grammar)
         seq = req.seqs[0]
@@ -142,14 +175,18 @@ class LLMEngine:
         self.scheduler.add_sequence(
             seq.seq_id, np.asarray(prompt_token_ids, dtype=np.int64), max_tokens=max_tokens,
             min_tokens=params.min_tokens, ignore_eos=params.ignore_eos, eos_token_ids=eos,
-            stop_token_ids=params.stop_token_ids or [], priority=priority, cache_salt=cache_salt)
+            stop_token_ids=params.stop_token_ids or [], priority=priority, cache_salt=cache_salt,
+            adapter_id=adapter_id)
         self.registry.add(req)
+        if beam_params is not None:
+            self.beam_search.track(req, beam_params, priority)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Ends a request at once and frees its blocks; returns its final output (None if unknown)."""
         req = self.registry.abort(request_id)
         if req is None:
             return None
+        self.beam_search.forget(request_id)
         for seq in req.seqs:
             self.scheduler.abort_sequence(seq.seq_id)
         req.metrics.on_finished(time.time())
@@ -180,27 +217,50 @@ class LLMEngine:
         t_scheduled = time.perf_counter()
         extra_rows = self.output_processor.prompt_logprob_rows(out)
         logits = self.worker.execute_step(StepInput.from_scheduler_output(out, extra_rows))
+        if self.fault_injector is not None:
+            self.fault_injector.on_step()
         t_forward = time.perf_counter()
         num_samples = len(out.sample_seq_ids)
         rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
-        # n > 1: the first sample of such a request draws its row n times, once per child.
-        fork_rows, forks = self.output_processor.expand_forks(rows)
-        sampled, sampler_output, _ = self.output_processor.sample(logits[:num_samples], rows, fork_rows)
-        t_sampled = time.perf_counter()
-        fork_array = None
-        if forks:
-            fork_array = np.array([(p, c.seq_id, int(sampled[num_samples + i]))
-                                   for i, (p, c) in enumerate(forks)], dtype=np.int64)
-        result = self.scheduler.update(sampled[:num_samples], fork_array)
+        beam_step = None
+        if out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)
+            num_samples = len(out.logits_indices)   # prompt-logprob rows follow every sample's rows
+            result, process_rows, sampled, sampler_output = self.speculator.verify_step(
+                out, logits[:num_samples], rows)
+            t_sampled = time.perf_counter()
+        else:
+            sample_logits = logits[:num_samples]
+            # Beam-search rows: the beam stage picks their tokens and forks (engine/beam_search.py).
+            beam_step = self.beam_search.begin_step(rows, sample_logits)
+            if beam_step is not None:
+                rows, sample_logits = beam_step.other_rows, beam_step.other_logits
+            # n > 1: the first sample of such a request draws its row n times, once per child.
+            fork_rows, forks = self.output_processor.expand_forks(rows)
+            sampled, sampler_output, _ = self.output_processor.sample(sample_logits, rows, fork_rows)
+            t_sampled = time.perf_counter()
+            fork_array = None
+            if forks:
+                fork_array = np.array([(p, c.seq_id, int(sampled[len(rows) + i]))
+                                       for i, (p, c) in enumerate(forks)], dtype=np.int64)
+            update_tokens = sampled[:len(rows)]
+            if beam_step is not None:
+                update_tokens, fork_array = beam_step.merge(update_tokens, fork_array)
+            result = self.scheduler.update(update_tokens, fork_array)
+            process_rows = rows + fork_rows
         if extra_rows is not None:
             self.output_processor.record_prompt_logprobs(out, logits[num_samples:])
-        outputs = self.output_processor.process(out, rows + fork_rows, sampled, sampler_output, result)
+        outputs = self.output_processor.process(out, process_rows, sampled, sampler_output, result)
+        if beam_step is not None:
+            outputs += beam_step.finish()
+        if self.speculator is not None:  # drafts for the next step
+            self.speculator.propose(process_rows, len(self.registry))
         t_end = time.perf_counter()
         self.last_step_timing = {
             "schedule": t_scheduled - t_start, "forward": t_forward - t_scheduled,
             "sample": t_sampled - t_forward, "update_and_outputs": t_end - t_sampled,
             "total": t_end - t_start, "num_tokens": out.num_tokens, "num_seqs": out.num_seqs,
             "num_prefill_tokens": out.num_prefill_tokens, "num_decode_tokens": out.num_decode_tokens,
+            **spec_step_record(self.speculator and self.speculator.stats, out),
         }
         for listener in self.step_listeners:
             listener(out, result, self.last_step_timing)

@@ -21,6 +21,7 @@ class ModelRunner:
         # Set by bind_kv_cache once the cache is sized (the sizing runs profile_forward first).
         self.kv_cache: torch.Tensor | None = None      # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
         self.cpu_kv_cache: torch.Tensor | None = None  # same layout, the swap pool's blocks; None without swap space
+        self.lora_manager = None  # a pagedcore.lora.LoRAManager when LoRA is enabled: sets each step's adapter rows
 
     def bind_kv_cache(self, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None) -> None:
         self.kv_cache = kv_cache
@@ -79,6 +80,8 @@ class ModelRunner:
             max_query_len=step.max_query_len,
             max_seq_len=step.max_seq_len,
         )
+        if self.lora_manager is not None:
+            self.lora_manager.prepare(step.adapter_ids, step.query_start_loc)
         hidden = self.model(self._tensor(step.input_ids), self._tensor(step.positions), self.kv_cache,
                             attn_metadata)                       # [num_tokens, hidden]
         rows = step.logits_indices                               # int64 [num_logits_rows]

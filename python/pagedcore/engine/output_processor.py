@@ -174,16 +174,21 @@ class OutputProcessor:
         tokens_per_request: dict[str, int] = {}
         tokens = sampled.tolist()
         constrained = self.registry.num_constrained > 0
+        # Speculative decoding: a sequence that kept m tokens this step is m rows in a row, after every
+        # sampled row; the scheduler's finish belongs to its last one, a stop string may end it earlier.
+        last_row = {s.seq_id: j for j, s in enumerate(all_rows)}
         for j, seq in enumerate(all_rows):
+            if seq.finished:
+                continue
             token = tokens[j]
             req = seq.request
             seq.output_token_ids.append(token)
             # A finished grammar ends the sequence here, as a stop string does (the scheduler is told below).
             grammar_done = constrained and seq.grammar is not None and self._advance_grammar(seq, token)
-            if dicts is not None and dicts[j] is not None:
+            if dicts is not None and j < len(dicts) and dicts[j] is not None:
                 seq.logprobs.append(dicts[j])
                 seq.cumulative_logprob += dicts[j][token].logprob
-            fin = finished.get(seq.seq_id)
+            fin = finished.get(seq.seq_id) if last_row[seq.seq_id] == j else None
             stopped_by_token = fin is not None and fin[0] == _STOP
             ends = fin is not None or grammar_done
             matched = None

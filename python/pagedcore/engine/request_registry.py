@@ -91,6 +91,14 @@ class RequestRegistry:
         self._seqs[child.seq_id] = child
         return child
 
+    def drop_seq(self, seq_id: int) -> None:
+        """Forgets one sequence of a live request (a beam that beam search dropped); the caller has
+        freed its scheduler side."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            seq.request.seqs[:] = [s for s in seq.request.seqs if s is not seq]
+            self._owed_prompt_logprobs.pop(seq_id, None)
+
     def finish(self, request_id: str) -> RequestState | None:
         """Forgets a request that has finished (every sequence has its finish reason)."""
         req = self._requests.pop(request_id, None)

@@ -26,6 +26,7 @@ class StepInput:
     num_tokens: int
     max_query_len: int
     max_seq_len: int
+    adapter_ids: np.ndarray | None = None  # uint64 [num_seqs] LoRA adapter per sequence (0: base); None: no LoRA
 
     @classmethod
     def from_scheduler_output(cls, out, extra_logits_rows: np.ndarray | None = None) -> StepInput:
@@ -39,4 +40,5 @@ class StepInput:
             block_tables=out.block_tables, seq_lens=out.seq_lens, query_start_loc=out.query_start_loc,
             logits_indices=logits_indices, blocks_to_swap_out=out.blocks_to_swap_out,
             blocks_to_swap_in=out.blocks_to_swap_in, blocks_to_copy=out.blocks_to_copy,
-            num_tokens=out.num_tokens, max_query_len=out.max_query_len, max_seq_len=out.max_seq_len)
+            num_tokens=out.num_tokens, max_query_len=out.max_query_len, max_seq_len=out.max_seq_len,
+            adapter_ids=out.adapter_ids)

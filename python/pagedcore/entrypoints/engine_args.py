@@ -9,8 +9,13 @@ from pagedcore.config import EngineConfig
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
-                   help="weights, activations and KV cache dtype (auto = float32 on the CPU)")
+    g.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "auto"],
+                   help="weights, activations and KV cache dtype. auto (default): a GGUF keeps its quantized "
+                        "blocks (fp32 activations), an HF folder runs float32; float32|bfloat16 on a GGUF "
+                        "dequantises it at load")
+    g.add_argument("--quantization", "-q", default=None,
+                   help="gguf (a .gguf file's blocks as stored; what auto does) or int8_per_channel (a dense "
+                        "checkpoint quantized to int8 at load, W8A8); see docs/quantization.md")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: the model's context length, at most 8192)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
@@ -30,23 +35,66 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="order of service: arrival, or the request's priority (lower first) then arrival")
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size: bytes, a size like 4GiB, or a fraction of available memory (default 4GiB, at most 40%%)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                   help="exactly N KV cache blocks, whatever the memory flags say (vLLM's flag; on the CPU too): "
+                        "makes preemption reproducible across machines")
+    g.add_argument("--kv-cache-memory-bytes", default=None, metavar="BYTES",
+                   help="vLLM's name for --kv-cache-memory (bytes or a size like 4GiB); give one of the two")
+    g.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache dtype: only auto (the model dtype) is supported; fp8 variants are refused")
+    g.add_argument("--cpu-offload-gb", type=float, default=0.0,
+                   help="vLLM's weight offload to CPU memory: only 0 is supported (on the CPU the weights are "
+                        "already in CPU memory)")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA needs a build with the CUDA kernels)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="on a GPU: the share of its memory for weights, activations and the KV cache")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="on a GPU: the share of its memory for weights, activations and the KV cache (default "
+                        "0.9); refused on the CPU, whose KV cache --kv-cache-memory sizes")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch and the kernels (default: all cores)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator for unseeded requests")
     g.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s config as JSON: \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (docs/speculative-decoding.md)')
+    lora = parser.add_argument_group("LoRA adapters (docs/lora.md)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve PEFT LoRA adapters over the base model")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="most distinct adapters in one step (default 1); more wait a step")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted (default 16)")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept loaded, least recently used evicted (default: --max-loras)")
+
+
+def _check_cache_flags(args: argparse.Namespace) -> None:
+    """vLLM's cache flags this engine cannot honour: refused by name, never silently ignored."""
+    if getattr(args, "kv_cache_dtype", "auto") not in ("auto", None):
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} is not supported: the KV cache is stored in the "
+                         "model dtype (--dtype); drop the flag or pass --kv-cache-dtype auto")
+    if getattr(args, "cpu_offload_gb", 0):
+        raise ValueError(f"--cpu-offload-gb {args.cpu_offload_gb} is not supported (no weight offload); drop it")
+    if getattr(args, "kv_cache_memory_bytes", None) is not None:
+        if args.kv_cache_memory is not None:
+            raise ValueError("--kv-cache-memory and --kv-cache-memory-bytes size the same cache; give one")
+        args.kv_cache_memory = args.kv_cache_memory_bytes
+    device = str(getattr(args, "device", "cpu"))
+    if getattr(args, "gpu_memory_utilization", None) is not None and not device.startswith("cuda"):
+        raise ValueError(f"--gpu-memory-utilization applies to a GPU, and --device is {device}; size the KV cache "
+                         "with --kv-cache-memory (or --num-gpu-blocks-override) instead")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    _check_cache_flags(args)
     fields = dict(
-        model=getattr(args, "model", None), dtype="float32" if args.dtype == "auto" else args.dtype,
+        model=getattr(args, "model", None), dtype=args.dtype, quantization=args.quantization,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         scheduling_policy=args.scheduling_policy, kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs, device=args.device,
-        gpu_memory_utilization=args.gpu_memory_utilization)
+        speculative_config=getattr(args, "speculative_config", None),
+        enable_lora=getattr(args, "enable_lora", False), max_loras=getattr(args, "max_loras", 1),
+        max_lora_rank=getattr(args, "max_lora_rank", 16), max_cpu_loras=getattr(args, "max_cpu_loras", None),
+        gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
+        num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None))
     fields.update(overrides)
     return EngineConfig(**fields)

@@ -10,8 +10,8 @@ from tqdm.auto import tqdm
 
 from pagedcore.config import EngineConfig
 from pagedcore.engine.llm_engine import LLMEngine
-from pagedcore.outputs import RequestOutput
-from pagedcore.sampling_params import SamplingParams
+from pagedcore.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from pagedcore.sampling_params import BeamSearchParams, SamplingParams
 
 PromptType = str | Sequence[int] | dict[str, Any]
 
@@ -41,11 +41,13 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request=None) -> list[RequestOutput]:
         """Generates for every prompt, all batched together; outputs come back in prompt order.
 
         A prompt is a string, a list of token ids, or {"prompt": str} / {"prompt_token_ids": [...]}.
-        sampling_params: one for all prompts, or one per prompt.
+        sampling_params: one for all prompts, or one per prompt. lora_request (LLM(enable_lora=True)):
+        a pagedcore.lora.LoRARequest for every prompt, or a list with one per prompt (None: base model).
         """
         items = self._normalise_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
@@ -59,19 +61,62 @@ class LLM:
                                  "give one, or one per prompt")
         if priority is not None and len(priority) != len(items):
             raise ValueError(f"got {len(priority)} priorities for {len(items)} prompts")
+        lora_list = (list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(items))
+        if len(lora_list) != len(items):
+            raise ValueError(f"got {len(lora_list)} lora_requests for {len(items)} prompts; give one, or one per prompt")
         engine = self.llm_engine
         ids = []
         try:
             for i, ((text, token_ids), params) in enumerate(zip(items, params_list)):
                 request_id = str(next(self._request_ids))
                 engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=token_ids,
-                                   priority=0 if priority is None else priority[i], output_kind="final")
+                                   priority=0 if priority is None else priority[i], output_kind="final",
+                                   lora_request=lora_list[i])
                 ids.append(request_id)
         except Exception:
             for request_id in ids:  # a bad prompt in the batch leaves nothing half-queued
                 engine.abort_request(request_id)
             raise
         return self._run(ids, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    lora_request=None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """The params.beam_width best beams of every prompt, best first, as HF transformers'
+        generate(num_beams=W, num_return_sequences=W, do_sample=False) returns them (docs/beam-search.md).
+        concurrency_limit: prompts searched at once (None: all)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported by beam_search; drop it")
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
+                                              not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be None or an integer >= 1, got {concurrency_limit!r}")
+        items = self._normalise_prompts(prompts, None)
+        chunk = concurrency_limit or max(len(items), 1)
+        tokenizer = self.get_tokenizer()
+        results = []
+        for start in range(0, len(items), chunk):
+            ids = []
+            try:
+                for text, token_ids in items[start:start + chunk]:
+                    request_id = str(next(self._request_ids))
+                    self.llm_engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=token_ids,
+                                                output_kind="final")
+                    ids.append(request_id)
+            except Exception:
+                for request_id in ids:
+                    self.llm_engine.abort_request(request_id)
+                raise
+            for out in self._run(ids, use_tqdm):
+                results.append(BeamSearchOutput([BeamSearchSequence(
+                    tokens=out.prompt_token_ids + c.token_ids,
+                    logprobs=list(c.logprobs or []),
+                    cum_logprob=c.cumulative_logprob,
+                    text=None if tokenizer is None else tokenizer.decode(out.prompt_token_ids + c.token_ids,
+                                                                         skip_special_tokens=True),
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in out.outputs]))
+        return results
 
     def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

@@ -4,10 +4,11 @@ Parameters are allocated with torch.empty: a random init of weights that are ove
 would cost a second pass over ~0.5 GB (the default model in fp32) for nothing.
 
 Calls with few rows (decode) run pagedcore's own kernel (pagedcore.ops.linear), which streams
-the weights at the memory bandwidth where torch's GEMV reaches a third of it; larger calls keep
-torch's GEMM (linear_ops.max_rows says where the line is), with bf16 weights widened to fp32
-for the call on CPUs without AVX512-BF16, where torch's bf16 GEMM is 5x slower than MKL's fp32 one
-(linear_ops.torch_linear).
+the weights at the memory bandwidth where torch's GEMV reaches a third of it; larger calls run a
+library GEMM. Where the line is and which library come from a table measured per ISA
+(ops/linear_dispatch.py): on AVX512-BF16/AMX CPUs oneDNN with the weight prepacked at load
+(ops/onednn_linear.py); on AVX2 torch's GEMM, with bf16 weights widened to fp32 for the call,
+as torch's bf16 GEMM is 5x slower than MKL's fp32 one there (linear_ops.torch_linear).
 
 How a layer stores its weight and multiplies by it is a weight format's business: a LinearMethod
 (one per format, chosen by name at load: LINEAR_METHODS) creates the layer's tensors, fills them
@@ -23,6 +24,8 @@ from torch import nn
 
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import linear as linear_ops
+from pagedcore.ops import linear_dispatch
+from pagedcore.ops.onednn_linear import PrepackedWeight
 
 
 class KernelBinding:
@@ -48,6 +51,35 @@ class KernelBinding:
             kernel = self.kernel = linear_ops.LinearKernel(
                 weight, bias, silu_mul=self.silu_mul, x_dtype=x.dtype, out_dtype=self.out_dtype)
         return kernel(x)
+
+
+class LibraryBinding:
+    """The many-row GEMM of one dense layer: what the CPU's plan names (linear_dispatch.gemm_plan):
+    oneDNN with the weight prepacked once (at load, when the last rows of the weight arrive; again
+    only if the weight moves), or torch's F.linear (widened for bf16 where the plan says so)."""
+
+    __slots__ = ("library", "packed")
+
+    def __init__(self, weight: torch.Tensor):
+        self.library = linear_dispatch.gemm_plan(weight.dtype).library
+        self.packed: PrepackedWeight | None = None
+
+    def prepack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Reorders the weight for oneDNN now (no-op unless the plan runs onednn_packed)."""
+        self.packed = None
+        if self.library == "onednn_packed" and weight.is_cpu:
+            self.packed = PrepackedWeight(weight, bias)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.library == "onednn_packed" and x.dtype is weight.dtype and x.is_cpu and weight.is_cpu:
+            packed = self.packed
+            if packed is None or not packed.matches(weight):
+                self.prepack(weight, bias)
+                packed = self.packed
+            return packed(x)  # [..., in] -> [..., out]
+        if self.packed is not None and not x.is_cpu:
+            self.packed = None  # the model moved to a GPU after load: free the host copy
+        return linear_ops.torch_linear(x, weight, bias)
 
 
 class LinearMethod:
@@ -78,7 +110,7 @@ class LinearMethod:
 
 class DenseLinearMethod(LinearMethod):
     """W stored as used: [out, in] in one float dtype. Few rows run the kernel (KernelBinding),
-    more rows torch's GEMM (see the top of this file)."""
+    more rows the library GEMM the CPU's plan names (LibraryBinding; see the top of this file)."""
 
     def __init__(self, format: str, dtype: torch.dtype):
         self.format = format
@@ -92,6 +124,8 @@ class DenseLinearMethod(LinearMethod):
         layer._kernel = KernelBinding(layer.weight, out_dtype=layer.out_dtype)
         # Bound lazily by the kernel at first use; only gate/up layers ever call it.
         layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True)
+        layer._library = LibraryBinding(layer.weight)
+        layer._rows_loaded = set()  # (first row, rows) of the weight filled so far: prepack when complete
 
     def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
              rows: tuple[int, int] | None) -> None:
@@ -104,12 +138,18 @@ class DenseLinearMethod(LinearMethod):
                              "check attention_bias in the config")
         target = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])  # rows: contiguous
         copy_weight(target, loaded, name)
+        if param_name == "weight":
+            # Prepack once the whole weight is in (a reload of any part packs it again).
+            layer._rows_loaded.add(rows or (0, layer.out_features))
+            layer._library.packed = None
+            if sum(n for _, n in layer._rows_loaded) >= layer.out_features:
+                layer._library.prepack(layer.weight, layer.bias)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         kernel = layer._kernel
         if kernel.takes(x):
             return kernel(x, layer.weight, layer.bias)  # [num_rows, in] -> [num_rows, out]
-        y = linear_ops.torch_linear(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
+        y = layer._library(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
         return y if layer.out_dtype is None else y.to(layer.out_dtype)
 
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +157,7 @@ class DenseLinearMethod(LinearMethod):
         kernel = layer._silu_mul_kernel
         if kernel.takes(x):
             return kernel(x, layer.weight, layer.bias)
-        gate_up = linear_ops.torch_linear(x, layer.weight, layer.bias)  # [num_tokens, out]
+        gate_up = layer._library(x, layer.weight, layer.bias)  # [num_tokens, out]
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
@@ -128,10 +168,9 @@ LINEAR_METHODS: dict[str, LinearMethod] = {
     "float32": DenseLinearMethod("float32", torch.float32),
     "bfloat16": DenseLinearMethod("bfloat16", torch.bfloat16),
 }
-# Reserved for the quantised formats a later issue adds: int8 weights with one scale per output row,
-# and GGUF's blocks of 32 4-bit weights with a scale (Q4_0) or a scale and a minimum (Q4_1), kept
-# packed instead of dequantised at load. Named here so asking for one says "planned", not "unknown".
-PLANNED_FORMATS = ("int8_per_channel", "gguf_q4_0", "gguf_q4_1")
+# Named so asking for one says "planned", not "unknown". The quantized formats ("gguf": GGUF blocks
+# kept per layer, "int8_per_channel") are registered at the bottom of this file (linear_quant.py).
+PLANNED_FORMATS: tuple[str, ...] = ()
 
 
 def linear_method(weight_format: str) -> LinearMethod:
@@ -156,9 +195,13 @@ class Linear(nn.Module):
         self.out_dtype = out_dtype  # None: x's dtype. The LM head asks for fp32 logits straight from the kernel
         self.method = method
         method.create_weights(self, bias)
+        # The LoRA hook: pagedcore.lora sets a module that adds this step's adapter terms to y
+        # (lora(x, y) -> y); None without adapters. Format-agnostic: it sees only x and y.
+        self.lora: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)  # [..., in] -> [..., out]
+        y = self.method.apply(self, x)  # [..., in] -> [..., out]
+        return y if self.lora is None else self.lora(x, y)
 
     def load_weight(self, param_name: str, loaded: CheckpointTensor, name: str) -> None:
         """Fills one of this layer's tensors from the checkpoint tensor `name`."""
@@ -191,8 +234,17 @@ class MergedLinear(Linear):
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a gate/up projection (two shards of equal size, gate first):
         [num_tokens, in] -> [num_tokens, out // 2]; the method may fuse the SwiGLU into its GEMM."""
+        if self.lora is not None and self.lora.active:  # adapter terms go in before the SwiGLU
+            gate_up = self.forward(x)  # [num_tokens, out]
+            half = gate_up.shape[-1] // 2
+            return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
         return self.method.apply_silu_mul(self, x)
 
     def load_shard(self, shard_id: str, param_name: str, loaded: CheckpointTensor, name: str) -> None:
         """Fills one shard's rows (weight [rows, in], bias [rows]) from one checkpoint tensor."""
         self.method.load(self, param_name, loaded, name, self.shard_rows[shard_id])
+
+
+from pagedcore.layers.linear_quant import QUANT_LINEAR_METHODS  # noqa: E402 (it subclasses LinearMethod above)
+
+LINEAR_METHODS.update(QUANT_LINEAR_METHODS)

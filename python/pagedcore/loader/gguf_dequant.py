@@ -5,28 +5,44 @@ Block layouts (llama.cpp ggml-common.h), 32 weights per block:
     Q4_0  [d: f16][qs: 16 bytes]                      w = d * (nibble - 8)
     Q4_1  [d: f16][m: f16][qs: 16 bytes]              w = d * nibble + m
 Nibbles: weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble of qs[j - 16].
+The k-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 weights with 6- or 8-bit sub-block scales) are
+decoded by gguf.quants (numpy): they are read here only for `--dtype float32|bfloat16` on a k-quant
+file and for embedding rows; serving keeps them packed (layers/linear_quant.py).
 
-Results equal gguf.quants.dequantize bit for bit, ~10x faster. Blocks are decoded a chunk at a time
-(512 KB of fp32, cache-resident), written straight into the parameter when it is contiguous fp32,
-else through one reused scratch chunk and cast on copy (bf16): the weights are written once, with
-no whole-tensor temporaries to allocate, page-fault and read back.
+Results equal gguf.quants.dequantize bit for bit, ~10x faster for the 32-weight formats. Blocks are
+decoded a chunk at a time (512 KB of fp32, cache-resident), written straight into the parameter when
+it is contiguous fp32, else through one reused scratch chunk and cast on copy (bf16): the weights
+are written once, with no whole-tensor temporaries to allocate, page-fault and read back.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
 
 # Plain floats: the file's bytes reinterpreted, no arithmetic.
 _FLOAT_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 _BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20}
+_K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 _BLOCK_SIZE = 32
 _CHUNK_BLOCKS = 4096  # 4096 x 32 fp32 = 512 KB per chunk
-SUPPORTED_TYPES = tuple(t.name for t in (*_FLOAT_TYPES, *_BLOCK_BYTES))
+_K_CHUNK_ROWS = 256  # k-quant rows decoded per numpy call (bounded temporaries)
+# ggml type -> the block format name the quantized linear kernels know (ops/quant_linear.py).
+BLOCK_FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k"}
+SUPPORTED_TYPES = tuple(t.name for t in (*_FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS))
 
 
 def is_supported(ggml_type: T) -> bool:
-    return ggml_type in _FLOAT_TYPES or ggml_type in _BLOCK_BYTES
+    return ggml_type in _FLOAT_TYPES or ggml_type in _BLOCK_BYTES or ggml_type in _K_QUANTS
+
+
+def row_bytes(ggml_type: T, num_cols: int) -> int:
+    """Bytes of one row of num_cols weights (a whole number of blocks)."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    return num_cols // block_elems * block_bytes
 
 
 def dequantize(raw: torch.Tensor, ggml_type: T, shape: tuple[int, ...]) -> torch.Tensor:
@@ -36,10 +52,21 @@ def dequantize(raw: torch.Tensor, ggml_type: T, shape: tuple[int, ...]) -> torch
     return out
 
 
+def dequantize_rows(rows: torch.Tensor, ggml_type: T) -> torch.Tensor:
+    """rows uint8 [n, row_bytes] (whole rows of blocks, e.g. gathered embedding rows) -> fp32 [n, cols]."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    out = torch.empty(rows.shape[0], rows.shape[1] // block_bytes * block_elems, dtype=torch.float32)
+    dequantize_into(rows.reshape(-1), ggml_type, out)
+    return out
+
+
 def dequantize_into(raw: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:
     """Decodes raw uint8 [nbytes] into out (a contiguous tensor of the logical shape, any float dtype)."""
     if ggml_type in _FLOAT_TYPES:
         out.copy_(raw.view(_FLOAT_TYPES[ggml_type]).view(out.shape))
+        return
+    if ggml_type in _K_QUANTS:
+        _dequantize_k_quant(raw, ggml_type, out)
         return
     if ggml_type not in _BLOCK_BYTES:
         raise ValueError(f"ggml type {ggml_type.name} cannot be dequantised; supported: {SUPPORTED_TYPES}")
@@ -56,6 +83,16 @@ def dequantize_into(raw: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:
         else:
             _decode_blocks(chunk, ggml_type, scratch[:chunk.shape[0]])
             target.copy_(scratch[:chunk.shape[0]])  # fp32 -> bf16 (round to nearest even)
+
+
+def _dequantize_k_quant(raw: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:
+    """k-quants through gguf.quants, a few rows at a time: raw uint8 [nbytes] -> out [..., cols]."""
+    cols = out.shape[-1] if out.dim() else 1
+    dst = out.view(-1, cols)  # [rows, cols]
+    src = raw.view(dst.shape[0], row_bytes(ggml_type, cols)).numpy()  # [rows, row_bytes]
+    for start in range(0, dst.shape[0], _K_CHUNK_ROWS):
+        values = gguf_quants.dequantize(np.ascontiguousarray(src[start:start + _K_CHUNK_ROWS]), ggml_type)
+        dst[start:start + values.shape[0]].copy_(torch.from_numpy(values))  # [n, cols] fp32 -> out dtype
 
 
 def _decode_blocks(blocks: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:

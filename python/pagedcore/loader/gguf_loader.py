@@ -1,4 +1,5 @@
-"""A GGUF file -> ModelConfig, HF-named weights (dequantised, Q/K rows un-permuted) and tokenizer.
+"""A GGUF file -> ModelConfig, HF-named weights (block bytes kept, or dequantised; Q/K rows
+un-permuted) and tokenizer.
 
 llama.cpp's converter reorders the rows of Llama's Q and K projections so that each head's two
 RoPE halves interleave (its rope pairs adjacent dims; HF's rotate_half pairs dim i with i + d/2):
@@ -7,7 +8,9 @@ RoPE halves interleave (its rope pairs adjacent dims; HF's rotate_half pairs dim
     GGUF rows of one head:  [x0 y0 x1 y1 ... ]                              (pairs)
 
 We undo it per head: view the rows as [heads, d/2, 2] and swap the last two axes back. Only the
-"llama" architecture is permuted; llama.cpp writes Qwen2/Qwen3 rows in HF order already.
+"llama" architecture is permuted; llama.cpp writes Qwen2/Qwen3 rows in HF order already. A row of
+a quantized tensor is a whole number of blocks along the input dim, so the same permutation moves
+whole rows of block bytes ([rows, row_bytes] uint8) when the blocks are kept.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, dequantize_into, is_supported
+from pagedcore.loader.gguf_dequant import (BLOCK_FORMATS, SUPPORTED_TYPES, dequantize, dequantize_into,
+                                           is_supported, row_bytes)
 from pagedcore.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.llama import ROPE_FREQ_FACTORS
@@ -104,13 +108,6 @@ def config_from_gguf(gguf: GGUFFile, dtype: str) -> ModelConfig:
     )
 
 
-def weight_format(gguf: GGUFFile, config: ModelConfig) -> str:
-    """The linear layers' weight format (a layers.linear.LINEAR_METHODS name). Today every tensor is
-    dequantised to the model dtype at load (GGUFWeight), so it is that dtype's dense format; keeping
-    Q4_0/Q4_1 blocks packed means naming their block format here and loading raw blocks."""
-    return config.dtype
-
-
 def _rope_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any] | None:
     rope_type = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
     if rope_type == "none":
@@ -122,13 +119,30 @@ def _rope_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any] | None:
 
 
 class GGUFWeight:
-    """One tensor still in the file; load_into decodes it straight into a parameter (a LazyWeight)."""
+    """One tensor still in the file (a LazyWeight): load_into decodes it straight into a float
+    parameter; with keep_blocks, a quantized tensor also offers its block bytes (block_rows), and
+    the receiving layer keeps them (layers/linear_quant.py, layers/embedding.py)."""
 
-    def __init__(self, gguf: GGUFFile, info: GGUFTensorInfo, permuted_heads: int | None):
+    def __init__(self, gguf: GGUFFile, info: GGUFTensorInfo, permuted_heads: int | None, keep_blocks: bool):
         self.shape = info.shape  # [out, in] / [dim]
         self._gguf = gguf
         self._info = info
         self._permuted_heads = permuted_heads  # llama.cpp's Q/K row order over this many heads, or None
+        # The kernels' name of the block format ("q4_1", ...) when the layer should keep the blocks;
+        # None: a float tensor, or a model dequantised at load (--dtype float32|bfloat16).
+        self.block_format = BLOCK_FORMATS.get(info.ggml_type) if keep_blocks else None
+
+    @property
+    def ggml_type(self):
+        return self._info.ggml_type
+
+    def block_rows(self) -> torch.Tensor:
+        """The tensor's bytes as uint8 [out, row_bytes], rows in HF order; a copy (the map's pages
+        are not held: the layer owns its bytes, and the file cache may drop them)."""
+        rows = self._gguf.raw(self._info).view(self.shape[0], row_bytes(self._info.ggml_type, self.shape[-1]))
+        if self._permuted_heads is not None:
+            return _unpermute_rows(rows, self._permuted_heads).contiguous()
+        return rows.clone()
 
     def load_into(self, out: torch.Tensor) -> None:
         raw = self._gguf.raw(self._info)  # uint8 view of the map
@@ -141,8 +155,10 @@ class GGUFWeight:
         out.copy_(tensor)
 
 
-def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
-    """(HF name, lazy weight) for every tensor of the file; each is read once, when loaded."""
+def weights_from_gguf(gguf: GGUFFile, config: ModelConfig,
+                      keep_blocks: bool = False) -> Iterator[tuple[str, GGUFWeight]]:
+    """(HF name, lazy weight) for every tensor of the file; each is read once, when loaded.
+    keep_blocks: quantized tensors offer their block bytes to the layers (see GGUFWeight)."""
     permuted = gguf.metadata["general.architecture"] == "llama"
     for info in gguf.tensors.values():
         name = hf_name(info.name)
@@ -151,7 +167,7 @@ def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str
             heads = config.num_heads
         elif permuted and ".k_proj." in name:
             heads = config.num_kv_heads
-        yield name, GGUFWeight(gguf, info, heads)
+        yield name, GGUFWeight(gguf, info, heads, keep_blocks)
 
 
 def _unpermute_rows(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:

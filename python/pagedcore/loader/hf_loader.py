@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
+from pagedcore.loader.quantization import refuse_prequantized
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.registry import MODEL_CLASSES
 
@@ -62,6 +63,7 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
     if architecture not in MODEL_CLASSES:
         raise ModelLoadError(f"{path} declares architecture {architecture!r}; pagedcore runs "
                              f"{sorted(MODEL_CLASSES)}")
+    refuse_prequantized(raw.get("quantization_config"), path)
     if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
         raise ModelLoadError(f"{path}: hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias')}; "
                              "pagedcore's Llama family needs silu and no MLP bias")
@@ -106,12 +108,6 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
         )
     except ValueError as error:
         raise ModelLoadError(f"{path}: {error}") from None
-
-
-def weight_format(config: ModelConfig) -> str:
-    """The linear layers' weight format (a layers.linear.LINEAR_METHODS name): dense in the dtype
-    asked for. A quantised checkpoint (config.json's quantization_config) would name its own here."""
-    return config.dtype
 
 
 def safetensors_files(folder: str) -> list[str]:

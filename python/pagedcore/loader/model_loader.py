@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 from typing import Any
@@ -14,10 +15,15 @@ from pagedcore.layers.linear import linear_method
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_file import GGUFFile
+from pagedcore.loader.quantization import WeightPlan, plan_weights
 from pagedcore.loader.source import ModelSource, resolve_source
 from pagedcore.loader.tokenizer import tokenizer_from_folder, tokenizer_from_gguf
+from pagedcore.loader.weight_memory import describe, weight_bytes_by_format
 from pagedcore.model_config import ModelConfig, dtype_name
+from pagedcore.ops.linear_isa import log_dispatch
 from pagedcore.models.registry import model_class
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -29,48 +35,65 @@ class LoadedModel:
     chat_template: str | None
     source: ModelSource
     load_seconds: dict[str, float]  # phase -> wall seconds: "metadata", "tokenizer", "weights"
+    weight_format: str = "float32"  # the linear layers' LINEAR_METHODS name ("gguf": blocks as stored)
+    weight_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # format -> resident bytes
+
+    @property
+    def total_weight_bytes(self) -> int:
+        return sum(self.weight_bytes.values())
 
 
-def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
-               load_tokenizer: bool = True) -> LoadedModel:
+def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
+               load_tokenizer: bool = True, quantization: str | None = None) -> LoadedModel:
     """model: None (the bundled SmolLM2-135M-Instruct GGUF), a .gguf file, or an HF folder.
-    dtype: "float32" or "bfloat16"; weights are converted once, here. Raises ModelLoadError with what
-    was found and what is supported."""
-    dtype = dtype_name(dtype)
+    dtype: "auto" (a GGUF keeps its quantized blocks with fp32 activations; an HF folder is float32),
+    "float32" or "bfloat16" (a GGUF is dequantised to it). quantization: None, "gguf" (= auto on a
+    GGUF) or "int8_per_channel" (see loader/quantization.py). Weights are converted once, here.
+    Raises ModelLoadError with what was found and what is supported."""
+    if isinstance(dtype, torch.dtype) or dtype != "auto":
+        dtype = dtype_name(dtype)
     source = resolve_source(model)
+    plan = plan_weights(source.format, dtype, quantization)
     if source.format == "gguf":
-        return _load_gguf(source, dtype, load_tokenizer)
-    return _load_hf(source, dtype, load_tokenizer)
+        loaded = _load_gguf(source, plan, load_tokenizer)
+    else:
+        loaded = _load_hf(source, plan, load_tokenizer)
+    loaded.weight_bytes = weight_bytes_by_format(loaded.model)
+    logger.info("%s (%s, linear weights %s)", describe(loaded.weight_bytes), os.path.basename(source.path),
+                plan.weight_format)
+    log_dispatch(logger)  # which kernel every family runs on this CPU, once per process
+    return loaded
 
 
-def _load_gguf(source: ModelSource, dtype: str, load_tokenizer: bool) -> LoadedModel:
+def _load_gguf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> LoadedModel:
     timer = _Timer()
     gguf = GGUFFile(source.path)
-    config = gguf_loader.config_from_gguf(gguf, dtype)
+    config = gguf_loader.config_from_gguf(gguf, plan.dtype)
     timer.lap("metadata")
     tokenizer = tokenizer_from_gguf(source.path, gguf.metadata) if load_tokenizer else None
     timer.lap("tokenizer")
-    model = _build(config, gguf_loader.weight_format(gguf, config), gguf_loader.weights_from_gguf(gguf, config))
+    model = build_model(config, plan.weight_format, gguf_loader.weights_from_gguf(gguf, config, plan.keep_blocks))
     timer.lap("weights")
     chat_template = gguf.metadata.get("tokenizer.chat_template")
-    return LoadedModel(config, model, tokenizer, {}, chat_template, source, timer.laps)
+    return LoadedModel(config, model, tokenizer, {}, chat_template, source, timer.laps, plan.weight_format)
 
 
-def _load_hf(source: ModelSource, dtype: str, load_tokenizer: bool) -> LoadedModel:
+def _load_hf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> LoadedModel:
     timer = _Timer()
     generation_config = hf_loader.read_generation_config(source.path)
-    config = hf_loader.config_from_hf(source.path, dtype, generation_config)
+    config = hf_loader.config_from_hf(source.path, plan.dtype, generation_config)
     shards = hf_loader.safetensors_files(source.path)
     timer.lap("metadata")
     tokenizer = tokenizer_from_folder(source.path) if load_tokenizer else None
     timer.lap("tokenizer")
-    model = _build(config, hf_loader.weight_format(config), hf_loader.weights_from_safetensors(shards))
+    model = build_model(config, plan.weight_format, hf_loader.weights_from_safetensors(shards))
     timer.lap("weights")
     chat_template = getattr(tokenizer, "chat_template", None) or hf_loader.read_chat_template(source.path)
-    return LoadedModel(config, model, tokenizer, generation_config, chat_template, source, timer.laps)
+    return LoadedModel(config, model, tokenizer, generation_config, chat_template, source, timer.laps,
+                       plan.weight_format)
 
 
-def _build(config: ModelConfig, weight_format: str, weights) -> torch.nn.Module:
+def build_model(config: ModelConfig, weight_format: str, weights) -> torch.nn.Module:
     """The model with its linear layers in `weight_format` (a LINEAR_METHODS name), weights loaded."""
     model = model_class(config.architecture)(config, linear_method(weight_format))
     try:

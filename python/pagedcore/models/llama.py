@@ -18,10 +18,9 @@ from torch import nn
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
 from pagedcore.layers.decoder_stack import DecoderStack, StackSupport, decoder_stack_support, layer_tensors
-from pagedcore.layers.linear import KernelBinding, LinearMethod, linear_method
+from pagedcore.layers.linear import LinearMethod, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
-from pagedcore.ops import linear as linear_ops
 
 # Checkpoint projection -> (fused parameter it lands in, shard id inside it).
 _FUSED_SHARDS = {
@@ -197,7 +196,6 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if config.tie_word_embeddings
                         else Linear(config.hidden_size, config.vocab_size, bias=False, method=method,
                                     out_dtype=torch.float32))
-        self._logits_kernel = KernelBinding(self.model.embed_tokens.weight, out_dtype=torch.float32)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -214,10 +212,7 @@ class LlamaForCausalLM(nn.Module):
         """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]."""
         if self.lm_head is not None:
             return self.lm_head(hidden_states)
-        weight = self.model.embed_tokens.weight  # [vocab, hidden]
-        if self._logits_kernel.takes(hidden_states):
-            return self._logits_kernel(hidden_states, weight, None)
-        return linear_ops.torch_linear(hidden_states, weight, None).float()
+        return self.model.embed_tokens.logits(hidden_states)  # tied: the table's own format and bytes
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
@@ -249,7 +244,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
                                  "is the architecture in config.json right?")
             module = self.get_submodule(module_name)
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, VocabEmbedding)):
                 module.load_weight(param_name, tensor, name)  # its weight format fills it
             else:
                 copy_weight(params[name].data, tensor, name)

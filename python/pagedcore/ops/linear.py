@@ -13,15 +13,13 @@ layer's weight once (at load) so a call checks only x: what the model layers use
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 
 from pagedcore import _core
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES, dtype_code
-from pagedcore.ops.linear_isa import auto_isa, isa_code
+from pagedcore.ops.linear_dispatch import gemm_plan
+from pagedcore.ops.linear_isa import isa_code
 
 __all__ = ["LinearKernel", "linear", "max_rows", "torch_linear"]
 
@@ -29,40 +27,24 @@ _EPILOGUE = {"none": 0, "silu_mul": 1}
 # The dense weight format of each weight dtype (WeightFormat of cpp/kernels/linear.h).
 _WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.DENSE_F32, torch.bfloat16: _core.WeightFormat.DENSE_BF16}
 
-# Rows up to which the layers call this kernel instead of torch, per weight dtype. Measured with
-# bench/bench_linear.py on the 2-core AVX2 development machine (2026-11-29, 2 threads): for fp32
-# weights the kernel beats MKL by 2-2.9x at 16 rows, 1.1-1.5x at 64, 0.9-1.13x at 256 (the K = 1536
-# down projection first), about even at 2048; for bf16 weights torch's GEMM (no AVX512-BF16 here)
-# runs at ~15-30 GFLOP/s at every size, the kernel at 100-136, MKL's fp32 GEMM at 136-150 from 512
-# rows on: past _MAX_ROWS_BF16 rows, bf16 layers widen their weight to fp32 for the call and run
-# MKL (torch_linear below; the widening costs ~3% of the GEMM at 512 rows). Where the CPU has
-# AVX512-BF16 (oneDNN's bf16 GEMM is fast there) bf16 takes the fp32 threshold and torch's bf16
-# GEMM. PAGEDCORE_LINEAR_MAX_ROWS=<n> overrides both; 0 turns the kernel off (torch everywhere).
-_MAX_ROWS_FP32 = 128
-_MAX_ROWS_BF16 = 256
+# Rows up to which the layers call this kernel, and what runs above them, come from the per-ISA
+# table of pagedcore.ops.linear_dispatch (GEMM_PLANS, measured with bench/bench_linear.py
+# --library): on the AVX2 machine 128 rows for fp32 and 256 for bf16 (whose torch GEMM is slow
+# there: widened to fp32 above), on AVX512-BF16 (Zen 5) fewer, with oneDNN's prepacked GEMM
+# above. PAGEDCORE_LINEAR_MAX_ROWS=<n> overrides the rows; 0 turns the kernel off.
 
 
 def max_rows(weight_dtype: torch.dtype) -> int:
-    """Largest number of rows (tokens) for which model layers call this kernel rather than torch."""
-    env = os.environ.get("PAGEDCORE_LINEAR_MAX_ROWS")
-    if env is not None:
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(f"PAGEDCORE_LINEAR_MAX_ROWS={env!r} is not an integer; set a row count "
-                             "(0 = always torch)") from None
-        return max(value, 0)
-    if weight_dtype == torch.bfloat16 and auto_isa() != "avx512_bf16":
-        return _MAX_ROWS_BF16
-    return _MAX_ROWS_FP32
+    """Largest number of rows (tokens) for which model layers call this kernel rather than a library."""
+    return gemm_plan(weight_dtype).kernel_max_rows
 
 
-@functools.lru_cache(maxsize=None)
 def _slow_bf16_gemm() -> bool:
     """torch's bf16 GEMM has no fast path on this CPU (no AVX512-BF16 / AMX): widen instead."""
-    if os.environ.get("PAGEDCORE_WIDEN_BF16_GEMM") in ("0", "1"):
-        return os.environ["PAGEDCORE_WIDEN_BF16_GEMM"] == "1"
-    return auto_isa() != "avx512_bf16"
+    return gemm_plan(torch.bfloat16).library == "widen"
+
+
+_slow_bf16_gemm.cache_clear = lambda: None  # the plan reads the environment at each call
 
 
 def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

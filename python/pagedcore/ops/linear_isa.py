@@ -1,9 +1,15 @@
 """The instruction-set variants of the CPU kernels (attention, linear, rms_norm, rotary_embedding):
 Isa of cpp/kernels/cpu_isa.h, one set of names for every kernel. "auto" runs the active one
 (_core.kernel_isa(): this CPU's best, PAGEDCORE_KERNEL_ISA, or _core.set_kernel_isa's); tests name
-each variant to run them all."""
+each variant to run them all.
+
+dispatch_report() lists what every kernel family (attention, dense linear, norms, quantized linear,
+the library GEMM and its row thresholds) runs on this CPU: `pagedcore bench roofline` prints it and
+the engine logs it once at model load (log_dispatch)."""
 
 from __future__ import annotations
+
+import functools
 
 from pagedcore import _core
 
@@ -32,3 +38,99 @@ def isa_code(name: str) -> int:
         raise ValueError(f"this CPU (or build) cannot run the {name} kernels; supported: "
                          f"{', '.join(supported_isas())}")
     return code
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's /proc/cpuinfo flags (empty where there is none): what the library GEMMs can use
+    beyond the kernels' ISAs (AMX tiles)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+# Which variant each kernel family runs for an active ISA (cpp/kernels: paged_attention.cc
+# pick_kernel, linear.cc linear_isa_kernels (norms and rotary share it), quant_linear.cc
+# quant_kernel_isa). Attention has no bf16-dot variant; generic16_bf16 emulates avx512_bf16.
+_ATTENTION_VARIANT = {"avx512_bf16": "avx512", "avx512_vnni": "avx512", "generic16_bf16": "generic16"}
+_REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+_QUANT_VARIANT = {"generic16_bf16": "generic16", "avx512_bf16": "avx512_vnni"}
+
+
+def _quant_variant(isa: str) -> str:
+    mapped = getattr(_core, "quant_kernel_isa", None)  # the C++ mapping, where it is bound
+    if mapped is not None:
+        return mapped(isa)
+    if isa == "avx512" and "avx512_vnni" in cpu_flags():
+        return "avx512_vnni"  # the active avx512 on a VNNI CPU runs vpdpbusd
+    if isa == "avx512_bf16" and "avx512_vnni" not in cpu_flags():
+        return "avx512"
+    return _QUANT_VARIANT.get(isa, isa)
+
+
+def dispatch_report() -> list[tuple[str, str]]:
+    """(kernel family, what runs it on this CPU now) for every family: one line each, as `pagedcore
+    bench roofline` prints and the engine logs at model load."""
+    import torch
+
+    from pagedcore.ops.linear_dispatch import gemm_isa, gemm_plan
+
+    isa = auto_isa()
+    dense = {"avx512_bf16": "avx512_bf16 (bf16 x bf16: vdpbf16ps; fp32: AVX-512 FMA)",
+             "generic16_bf16": "generic16_bf16 (portable emulation of avx512_bf16)"}.get(isa, isa)
+    flags = " ".join(f for f in _REPORTED_FLAGS if f in cpu_flags()) or "no x86 SIMD flags"
+    rows = [
+        ("cpu", f"{flags}; kernel ISA {isa} (supported: {', '.join(supported_isas())})"),
+        ("attention", f"{_ATTENTION_VARIANT.get(isa, isa)} (paged, prefill and decode; no bf16-dot/AMX variant)"),
+        ("dense linear kernel", dense),
+        ("norms + rotary", f"{dense.split(' ')[0]} (fused add+RMSNorm, RoPE)"),
+        ("quantized linear", f"{_quant_variant(isa)} (GGUF blocks / int8 per channel)"),
+    ]
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        plan = gemm_plan(dtype)
+        measured = not plan.measured.startswith("not measured")
+        source = "measured on " + plan.measured.split(" (")[0] if measured else "not measured here"
+        rows.append((f"dense {name} GEMM plan", f"{plan.describe()} [table row {gemm_isa()}: {source}]"))
+    rows.append(("library GEMM ISA", _library_isa()))
+    return rows
+
+
+def _library_isa() -> str:
+    """What oneDNN / MKL can use on this CPU (from the flags; oneDNN picks its own kernels)."""
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        onednn = "AMX tiles (avx512_core_amx) for bf16"
+    elif "avx512_bf16" in flags:
+        onednn = "avx512_core_bf16 (vdpbf16ps) for bf16"
+    elif "avx512f" in flags:
+        onednn = "avx512_core, bf16 without bf16 instructions (slow)"
+    else:
+        onednn = "avx2, bf16 without bf16 instructions (slow)"
+    mkl = "MKL fp32: AVX2 code path on AMD CPUs" if _is_amd() else "MKL fp32: its best path for this CPU"
+    return f"oneDNN {onednn}; {mkl}"
+
+
+def _is_amd() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        return False
+
+
+def log_dispatch(logger) -> None:
+    """Logs dispatch_report() once per process (the engine calls it at model load)."""
+    global _logged
+    if _logged:
+        return
+    _logged = True
+    for family, what in dispatch_report():
+        logger.info("kernel dispatch: %-22s %s", family, what)
+
+
+_logged = False

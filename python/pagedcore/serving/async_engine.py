@@ -32,8 +32,15 @@ logger = logging.getLogger(__name__)
 StepHook = Callable[[list[RequestOutput], dict | None], None]
 
 
+# Seconds a client refused for a full queue should wait before retrying (HTTP Retry-After, and the
+# gRPC status message): about the time a small batch takes to move on a CPU.
+RETRY_AFTER_S = 1
+
+
 class QueueFullError(RuntimeError):
-    """The waiting queue is at --max-queued-requests: answer 429 / RESOURCE_EXHAUSTED."""
+    """The waiting queue is at --max-queued-requests: answer 429 + Retry-After / RESOURCE_EXHAUSTED."""
+
+    retry_after_s = RETRY_AFTER_S
 
 
 class EngineDrainingError(RuntimeError):
@@ -42,6 +49,24 @@ class EngineDrainingError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped after an unrecoverable error."""
+
+
+class StepFailedError(RuntimeError):
+    """The step running this request raised; the request failed, the engine goes on (HTTP 500 / INTERNAL)."""
+
+
+# A step that fails fails the requests it was running and the engine goes on; this many failures in
+# a row (every step failing, whatever it runs) means the engine itself is broken.
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+def leaves_engine_unusable(error: BaseException) -> bool:
+    """Errors after which no later step can be trusted: memory exhausted, a device fault (a CUDA
+    error poisons its context), or any exception marked `engine_unusable = True`."""
+    if getattr(error, "engine_unusable", False) or isinstance(error, (MemoryError, SystemError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("CUDA error" in text or "device-side assert" in text)
 
 
 @dataclass
@@ -53,6 +78,7 @@ class _Add:
     priority: int
     stream: OutputQueue
     arrival_time: float     # when the handler asked: TTFT and queue time count the wait for the engine thread
+    lora_request: object = None  # a pagedcore.lora.LoRARequest, or None for the base model
 
 
 @dataclass
@@ -88,6 +114,8 @@ class AsyncLLMEngine:
         self._accepting = True
         self._stop = False
         self.error: BaseException | None = None
+        self.on_dead: Callable[[BaseException], None] | None = None   # called on the engine thread when it dies
+        self._num_failed_steps_in_a_row = 0
         self._thread = threading.Thread(target=self._run, name="pagedcore-engine", daemon=True)
         self._thread.start()
 
@@ -102,41 +130,45 @@ class AsyncLLMEngine:
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
                     request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
-                    priority: int = 0, stream: bool = True) -> RequestStream:
+                    priority: int = 0, stream: bool = True, lora_request=None) -> RequestStream:
         """Queues a request now and returns its RequestStream. Raises at once, before anything is
         queued: EngineDrainingError (shutting down), QueueFullError (past --max-queued-requests),
         EngineDeadError, ValueError (request id in use). Call from an event loop."""
-        if self.error is not None or not self._thread.is_alive():
-            raise EngineDeadError(f"the engine stopped after an error: {self.error}")
-        if not self._accepting:
+        if not self._accepting and self.error is None:
             raise EngineDrainingError("the server is shutting down and accepts no new requests; "
                                       "retry against another replica")
         request_id = request_id or uuid.uuid4().hex
         s = OutputQueue(asyncio.get_running_loop())
         with self._lock:
+            # Under the lock: the engine thread sets `error` before it fails the streams it holds, so a
+            # request either sees the error here or is among those failed.
+            if self.error is not None or not self._thread.is_alive():
+                raise EngineDeadError(f"the engine stopped after an error: {self.error}; the server is restarting, "
+                                      "retry against another replica")
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in flight")
             if self.max_queued_requests is not None and \
                     self.snapshot.num_waiting + self._num_pending_adds >= self.max_queued_requests:
-                raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} requests); "
-                                     "retry later or start the server with a larger --max-queued-requests")
+                raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} requests); retry "
+                                     f"after {RETRY_AFTER_S} s, or start the server with a larger "
+                                     "--max-queued-requests")
             self._streams[request_id] = s
             self._num_pending_adds += 1
         # Always "delta" inside the engine: every step then reports every request (exact metrics),
         # and a non-streaming caller's RequestStream folds the deltas into one output.
         self._send(_Add(request_id, prompt, None if prompt_token_ids is None else list(prompt_token_ids),
-                        params or SamplingParams(), priority, s, time.time()))
+                        params or SamplingParams(), priority, s, time.time(), lora_request))
         return RequestStream(request_id, s, incremental=stream, abort=lambda: self._send(_Abort(request_id)),
                              release=lambda: self._release(request_id))
 
     async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
                        request_id: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
-                       priority: int = 0, stream: bool = True) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, stream: bool = True, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Yields RequestOutputs: deltas when stream=True, else one final output. Closing the
         iterator early (client gone, deadline passed) aborts the request and frees its blocks.
         The errors of add_request are raised on the first iteration."""
         outputs = self.add_request(prompt, params, request_id, prompt_token_ids=prompt_token_ids,
-                                   priority=priority, stream=stream)
+                                   priority=priority, stream=stream, lora_request=lora_request)
         async with outputs:
             async for output in outputs:
                 yield output
@@ -193,10 +225,14 @@ class AsyncLLMEngine:
                     continue
                 try:
                     outputs = engine.step()
-                except Exception as e:  # a failed step fails the requests in flight, not the server
-                    logger.exception("engine step failed; failing the requests in flight")
-                    self._fail_all(e)
+                except Exception as e:  # a failed step fails the requests it ran, not the server
+                    self._num_failed_steps_in_a_row += 1
+                    if leaves_engine_unusable(e) or self._num_failed_steps_in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES:
+                        raise
+                    logger.exception("engine step failed; failing the requests of that step")
+                    self._fail_step(e)
                     continue
+                self._num_failed_steps_in_a_row = 0
                 # Snapshot and metrics first: a client that has just seen its token and then reads
                 # /metrics must find this step counted.
                 self._publish()
@@ -207,13 +243,18 @@ class AsyncLLMEngine:
             for request_id in engine.view.request_ids():
                 self._abort(request_id)
             self._publish()
-        except BaseException as e:  # the loop itself broke: fail everyone rather than hang them
-            logger.exception("the engine thread stopped")
-            self.error = e
+        except BaseException as e:  # the engine is unusable: fail everyone rather than hang them
+            logger.critical("the engine is unusable and has stopped (%s: %s); failing every request", type(e).__name__,
+                            e, exc_info=e)
+            self._accepting = False
             with self._lock:
+                self.error = e
                 streams = list(self._streams.values())
+            if self.on_dead is not None:   # first: a client told "stopped" finds the server already stopping
+                self.on_dead(e)
             for s in streams:
-                s.put(EngineDeadError(f"the engine stopped after an error: {e}"))
+                s.put(EngineDeadError(f"the engine stopped after an error ({type(e).__name__}: {e}); the server "
+                                      "is restarting, retry against another replica"))
 
     def _deliver(self, output: RequestOutput) -> None:
         with self._lock:
@@ -252,7 +293,9 @@ class AsyncLLMEngine:
                     self.engine.add_request(command.request_id, prompt=command.prompt, params=command.params,
                                             prompt_token_ids=command.prompt_token_ids,
                                             arrival_time=command.arrival_time, priority=command.priority,
-                                            output_kind="delta")
+                                            output_kind="delta",
+                                            **({} if command.lora_request is None else
+                                               {"lora_request": command.lora_request}))
                 except Exception as e:  # this request alone fails
                     command.stream.put(e)
             else:
@@ -264,13 +307,22 @@ class AsyncLLMEngine:
             with self._lock:
                 self._num_pending_adds -= num_adds
 
-    def _fail_all(self, error: Exception) -> None:
-        for request_id in self.engine.view.request_ids():
+    def _fail_step(self, error: Exception) -> None:
+        """Fails the requests the failed step was running (the scheduler's running batch; the step was
+        cancelled, so it is as before the step); waiting requests carry on. Their blocks are freed."""
+        view = self.engine.view
+        ids = {view.request_of_seq(seq_id) for seq_id in view.scheduler.running_ids()}
+        request_ids = [found[0] for found in ids if found is not None]
+        self._fail_all(error, request_ids or None)
+
+    def _fail_all(self, error: Exception, request_ids: list[str] | None = None) -> None:
+        for request_id in request_ids if request_ids is not None else self.engine.view.request_ids():
             output = self.engine.abort_request(request_id)
             with self._lock:
                 s = self._streams.get(request_id)
             if s is not None:
-                s.put(RuntimeError(f"the engine failed while running this request: {error}"))
+                s.put(StepFailedError(f"the engine step running this request failed ({type(error).__name__}: "
+                                      f"{error}); the server goes on, retry the request"))
             if output is not None:
                 self._call_hooks([output], None)
         self._publish()

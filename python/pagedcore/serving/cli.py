@@ -7,6 +7,7 @@ import os
 
 from pagedcore.config import parse_memory_size
 from pagedcore.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from pagedcore.serving.transport_args import add_transport_args, check_transport_args
 from pagedcore.structured_output.limits import DEFAULT_COMPILE_TIMEOUT_S
 from pagedcore.structured_output.limits import DEFAULT_MAX_BYTES as DEFAULT_MAX_CONSTRAINT_BYTES
 
@@ -42,10 +43,15 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients send in 'model'; the first is reported in responses "
                         "(default: the model argument, or the bundled model's file name)")
-    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
+    g.add_argument("--api-key", action="extend", nargs="+", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and gRPC calls; "
-                        "repeat or separate with commas for several keys; PAGEDCORE_API_KEY adds more. "
+                        "several keys: --api-key K1 K2, --api-key K1 --api-key K2 or K1,K2 (vLLM's forms); "
+                        "PAGEDCORE_API_KEY adds more. "
                         "/health, /metrics and /version stay open")
+    g.add_argument("--lora-modules", nargs="+", action="extend", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters to serve (with --enable-lora): name=path, or vLLM's JSON form "
+                        '\'{"name": "sql", "path": "/adapters/sql", "base_model_name": "..."}\'; clients pick one '
+                        "by sending its name as 'model' (OpenAI) or 'adapter_id' (gRPC)")
     g.add_argument("--chat-template", default=None, metavar="FILE_OR_JINJA",
                    help="chat template for /v1/chat/completions: a file, or the Jinja text itself "
                         "(default: the model's own)")
@@ -76,13 +82,45 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="longest a constraint may take to compile (default 10); one that takes longer gets 400 / "
                         "INVALID_ARGUMENT and is refused from then on")
-    g.add_argument("--enable-trace", action="store_true",
-                   help="record the engine's per-step trace (for the live simulator page)")
+    # On by default: the live simulator at / is what a person opens first. The ring is bounded (4096
+    # steps) and the cost is measured by bench/bench_trace.py (docs/simulator.md).
+    g.add_argument("--enable-trace", dest="enable_trace", action="store_true", default=True,
+                   help="record the engine's per-step trace for the live simulator page at / (the default)")
+    g.add_argument("--disable-trace", dest="enable_trace", action="store_false",
+                   help="record no per-step trace: the simulator page then only replays trace files and runs "
+                        "simulations")
     g.add_argument("--trace-file", default=None, metavar="FILE",
-                   help="also write the per-step trace as JSONL to FILE (implies --enable-trace); "
-                        "the simulator page can replay it")
+                   help="also write the per-step trace as JSONL to FILE; the simulator page can replay it")
+    add_transport_args(p.add_argument_group("transport security and CORS"))
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def parse_lora_modules(values: list[str] | None) -> list:
+    """--lora-modules entries -> LoRARequests with ids 1..n, in the order given."""
+    import json
+
+    from pagedcore.lora import LoRARequest
+
+    requests = []
+    for i, value in enumerate(values or [], start=1):
+        if value.lstrip().startswith("{"):
+            try:
+                spec = json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"--lora-modules {value!r} is not valid JSON ({e})") from None
+            if not isinstance(spec, dict) or not spec.get("name") or not spec.get("path"):
+                raise ValueError(f"--lora-modules {value!r}: the JSON form needs \"name\" and \"path\"")
+            requests.append(LoRARequest(spec["name"], i, spec["path"], spec.get("base_model_name")))
+        else:
+            name, sep, path = value.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules {value!r}: write name=path (or the JSON form)")
+            requests.append(LoRARequest(name, i, path))
+    names = [r.lora_name for r in requests]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--lora-modules names an adapter twice: {names}")
+    return requests
 
 
 def served_names(args, model: str | None) -> list[str]:
@@ -112,7 +150,8 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--max-queued-requests must be >= 1, got {args.max_queued_requests}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
-    args.enable_trace = args.enable_trace or bool(args.trace_file)
+    if args.trace_file and not args.enable_trace:
+        raise ValueError("--trace-file needs the trace: drop --disable-trace")
     config = engine_config_from_args(args, model=model, enable_trace=args.enable_trace)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
@@ -122,10 +161,14 @@ def cmd_serve(args) -> int:
         raise ValueError("--structured-outputs-max-bytes and --structured-outputs-compile-timeout must be positive, "
                          f"got {args.structured_outputs_max_bytes} and {args.structured_outputs_compile_timeout}") \
             from None
-    state = ServerState(served_model_names=served_names(args, model),
+    cors = check_transport_args(args)
+    state = ServerState(served_model_names=served_names(args, model), cors=cors,
                         max_request_body_bytes=args.max_request_body_bytes, api_keys=parse_api_keys(args.api_key),
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        tool_call_parser=args.tool_call_parser, constraint_limits=limits)
+                        tool_call_parser=args.tool_call_parser, constraint_limits=limits,
+                        lora_modules=parse_lora_modules(args.lora_modules))
+    if state.lora_modules and not config.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
     try:
         return server.run(args, config, state, load_chat_template(args.chat_template))
     except OSError as error:

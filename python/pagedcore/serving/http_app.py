@@ -13,10 +13,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pagedcore import __version__
 from pagedcore.serving.auth import APIKeyCheck
 from pagedcore.serving.metrics import CONTENT_TYPE
+from pagedcore.serving.openai import lora_admin
 from pagedcore.serving.openai.chat import create_chat_completion
 from pagedcore.serving.openai.completions import create_completion
 from pagedcore.serving.openai.errors import APIError, api_error_response, error_response
+from pagedcore.serving import openapi_schema
+from pagedcore.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                               TokenizeRequest)
 from pagedcore.serving.openai.tokenize import detokenize, tokenize
+from pagedcore.serving.openapi_schema import json_body
 from pagedcore.serving.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -28,32 +33,49 @@ def build_app(state: ServerState, recorder=None) -> FastAPI:
                   description="OpenAI-compatible completions and chat on a paged-KV engine")
     app.state.server = state
     _add_error_handlers(app)
+    if state.cors is not None:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=state.cors.allowed_origins,
+                           allow_methods=state.cors.allowed_methods, allow_headers=state.cors.allowed_headers,
+                           allow_credentials=state.cors.allow_credentials)
 
     protected = APIRouter(dependencies=[Depends(APIKeyCheck(state.api_keys))])
 
-    @protected.post("/v1/completions")
+    @protected.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await create_completion(request, state)
 
-    @protected.post("/v1/chat/completions")
+    @protected.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(request, state)
 
     @protected.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [_model_card(state, name) for name in _served(state)]}
+        return {"object": "list", "data": [_model_card(state, name) for name in _served(state)]
+                + lora_admin.adapter_cards(state)}
 
     @protected.get("/v1/models/{model:path}")
     async def retrieve_model(model: str) -> dict:
         state.require_loaded()
-        state.check_model(model)
+        if state.check_model(model) is not None:  # a LoRA adapter
+            return next(card for card in lora_admin.adapter_cards(state) if card["id"] == model)
         return _model_card(state, model)
 
-    @protected.post("/tokenize")
+    if lora_admin.runtime_updating_allowed():  # vLLM's switch: without it these routes do not exist
+        @protected.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> Response:
+            return await lora_admin.load_lora_adapter(request, state)
+
+        @protected.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request) -> Response:
+            return await lora_admin.unload_lora_adapter(request, state)
+
+    @protected.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize_route(request: Request) -> dict:
         return await tokenize(request, state)
 
-    @protected.post("/detokenize")
+    @protected.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize_route(request: Request) -> dict:
         return await detokenize(request, state)
 
@@ -77,6 +99,7 @@ def build_app(state: ServerState, recorder=None) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE)
 
     _mount_simulator(app, state, recorder)
+    openapi_schema.install(app)
     return app
 
 

@@ -12,6 +12,7 @@ Two sources, so that the HTTP thread never touches the engine:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,6 +97,21 @@ class _GrammarCacheCollector:
             yield c
 
 
+class _LoRACollector:
+    """vLLM's lora_requests_info: a gauge (value: scrape time) whose labels name the adapters of the
+    latest step (running) and those with unfinished requests outside it (waiting)."""
+
+    def __init__(self, lora_manager):
+        self.lora_manager = lora_manager
+
+    def collect(self):
+        running, waiting = self.lora_manager.adapter_activity()
+        g = GaugeMetricFamily(P + "lora_requests_info", "Running stats on LoRA requests.",
+                              labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        g.add_metric([str(self.lora_manager.max_loras), ",".join(waiting), ",".join(running)], time.time())
+        yield g
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot | None], max_model_len: int):
         disable_created_metrics()   # no *_created series: vLLM leaves them out too, they double the output
@@ -128,6 +144,12 @@ class ServerMetrics:
         self.constraint_compile_time = histogram("structured_output_compile_time_seconds",
                                                  "Time to compile a constraint that compiled (cache misses).",
                                                  _COMPILE)
+        # Speculative decoding (vLLM's spec_decode counters), fed from the step record (spec_decode/stats.py).
+        self.spec_num_drafts = counter("spec_decode_num_drafts", "Sequences that verified drafts, summed over steps.").labels(model_name)
+        self.spec_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.").labels(model_name)
+        self.spec_num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.").labels(model_name)
+        self.spec_accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by draft position.", ["position"])
         self._live: dict[str, _Live] = {}
 
     def watch_grammars(self, grammars) -> None:
@@ -135,10 +157,16 @@ class ServerMetrics:
         grammars.compile_listeners.append(self.constraint_compile_time.observe)
         self.registry.register(_GrammarCacheCollector(grammars, self._model_name))
 
+    def watch_lora(self, lora_manager) -> None:
+        """Exports lora_requests_info for a LoRAManager (once, when the engine is attached)."""
+        self.registry.register(_LoRACollector(lora_manager))
+
     def on_step(self, outputs: list[RequestOutput], timing: dict | None) -> None:
         """The async engine's step hook (engine thread): delta outputs of one step, or ([aborted], None)."""
         if timing is not None:
             self.iteration_tokens.observe(timing["num_tokens"])
+            if timing.get("num_drafts"):
+                self._on_spec_step(timing)
         for out in outputs:
             m = out.metrics
             live = self._live.get(out.request_id)
@@ -157,6 +185,13 @@ class ServerMetrics:
                 live.last_token_time = m.last_token_time
             if out.finished:
                 self._finish(out)
+
+    def _on_spec_step(self, timing: dict) -> None:
+        self.spec_num_drafts.inc(timing["num_drafts"])
+        self.spec_num_draft_tokens.inc(timing["num_draft_tokens"])
+        self.spec_num_accepted_tokens.inc(timing["num_accepted_tokens"])
+        for pos, n in enumerate(timing["num_accepted_tokens_per_pos"]):
+            self.spec_accepted_per_pos.labels(self._model_name, str(pos)).inc(n)
 
     def _finish(self, out: RequestOutput) -> None:
         self._live.pop(out.request_id, None)

@@ -25,10 +25,14 @@ from pagedcore.engine.llm_engine import LLMEngine
 from pagedcore.serving.async_engine import AsyncLLMEngine
 from pagedcore.serving.grpc.stubs import StubsUnavailableError
 from pagedcore.serving.http_app import build_app
+from pagedcore.serving.http_protocol import MAX_HEADER_BYTES, HeaderDeadlineH11Protocol
 from pagedcore.serving.metrics import ServerMetrics
 from pagedcore.serving.state import ServerState
+from pagedcore.serving.transport_args import grpc_tls_files, uvicorn_ssl_kwargs
 
 logger = logging.getLogger("pagedcore.serve")
+
+FATAL_EXIT_DELAY_S = 2.0   # how long /health shows 503 after the engine dies, before the process exits 1
 
 
 class _Uvicorn(uvicorn.Server):
@@ -80,11 +84,13 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
 
     recorder = _trace_recorder(args)
     http = _Uvicorn(uvicorn.Config(build_app(state, recorder), log_level=args.uvicorn_log_level, lifespan="off",
-                                   timeout_graceful_shutdown=5, server_header=False), on_signal)
+                                   timeout_graceful_shutdown=5, server_header=False,
+                                   http=HeaderDeadlineH11Protocol, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                                   **uvicorn_ssl_kwargs(args)), on_signal)
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
     host, port = sock.getsockname()[:2]
-    logger.info("pagedcore %s: HTTP on http://%s:%s (health 503 until the model is loaded)", __version__,
-                f"[{host}]" if ":" in host else host, port)
+    logger.info("pagedcore %s: HTTP on %s://%s:%s (health 503 until the model is loaded)", __version__,
+                "https" if uvicorn_ssl_kwargs(args) else "http", f"[{host}]" if ":" in host else host, port)
 
     load_task = asyncio.ensure_future(_load_in_thread(config))
     stop_task = asyncio.ensure_future(stop.wait())
@@ -102,6 +108,9 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
     engine: LLMEngine = load_task.result()
     _log_loaded(engine)
     async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
+    dead = asyncio.Event()     # the engine became unusable: exit non-zero so a supervisor restarts us
+    async_engine.on_dead = lambda error: loop.call_soon_threadsafe(dead.set)
+    dead_task = asyncio.ensure_future(dead.wait())
     if recorder is not None:
         recorder.attach(async_engine)    # before the first request: the trace mirrors the cache from empty
     state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.view.config.max_model_len)
@@ -113,7 +122,17 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
         code = 1
     logger.info("ready: serving %s (max_model_len %d)", ", ".join(state.served_model_names), state.max_model_len)
 
-    await asyncio.wait({stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({stop_task, http_task, dead_task}, return_when=asyncio.FIRST_COMPLETED)
+    if dead.is_set():
+        # /health already answers 503 and every request was failed; stay up a moment so probes and load
+        # balancers see the 503, then exit 1.
+        logger.critical("the engine is unusable (%s); exiting with status 1 in %.0f s", async_engine.error,
+                        FATAL_EXIT_DELAY_S)
+        if grpc_server:
+            await grpc_server.begin_drain()   # gRPC health NOT_SERVING too
+        await asyncio.sleep(FATAL_EXIT_DELAY_S)
+        code = 1
+    dead_task.cancel()
     await _drain(args, state, async_engine, grpc_server or None)
     http.should_exit = True
     await http_task
@@ -173,7 +192,8 @@ async def _start_grpc(args, async_engine: AsyncLLMEngine, state: ServerState):
         return None
     try:
         return await start_grpc_server(async_engine, host=args.host, port=args.grpc_port, api_keys=state.api_keys,
-                                       served_model_name=state.model_name, max_model_len=state.max_model_len)
+                                       served_model_name=state.model_name, max_model_len=state.max_model_len,
+                                       tls=grpc_tls_files(args))
     except Exception as error:  # noqa: BLE001 - a port clash or a bad build: say so and stop cleanly
         logger.error("could not start gRPC on port %s: %s; shutting down (use --grpc-port 0 to serve HTTP only)",
                      args.grpc_port, error)

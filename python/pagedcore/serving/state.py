@@ -21,9 +21,12 @@ class ServerState:
     enable_auto_tool_choice: bool = False     # --enable-auto-tool-choice: tool_choice "auto" allowed
     tool_call_parser: str | None = None       # --tool-call-parser (hermes)
     constraint_limits: Any = None             # ConstraintLimits from --structured-outputs-*; None: defaults
+    cors: Any = None                          # transport_args.CorsConfig from --allowed-origins; None: no CORS
     engine: AsyncLLMEngine | None = None      # None while the model loads
     draining: bool = False
     metrics: Any = None                       # ServerMetrics, once the model is loaded
+    lora_modules: list = field(default_factory=list)  # LoRARequests of --lora-modules, loaded at attach()
+    lora_manager: Any = None                  # the engine's pagedcore.lora.LoRAManager with --enable-lora
     # Filled by attach() once the model is loaded; read-only afterwards.
     tokenizer: Any = None
     model_path: str | None = None
@@ -55,11 +58,18 @@ class ServerState:
         self.generation_defaults = {k: v for k, v in view.generation_config.items()
                                     if k in _GENERATION_DEFAULTS and v is not None}
         self.created = created
+        self.lora_manager = engine.engine.lora_manager
+        if self.lora_modules and self.lora_manager is None:
+            raise ValueError("--lora-modules needs --enable-lora")
+        for lora_request in self.lora_modules:  # before the first request: a bad adapter stops the start
+            self.lora_manager.add_adapter(lora_request)
         grammars = engine.engine.grammars
         if self.constraint_limits is not None:
             grammars.limits = self.constraint_limits
         if self.metrics is not None:
             self.metrics.watch_grammars(grammars)
+            if self.lora_manager is not None:
+                self.metrics.watch_lora(self.lora_manager)
         self.engine = engine
 
     @property
@@ -79,9 +89,22 @@ class ServerState:
             raise APIError(503, "the server is shutting down and accepts no new requests; retry against another replica")
         return self.engine
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.served_model_names:
+    def response_model_name(self, requested: str | None) -> str:
+        """The `model` a response reports: a LoRA adapter's name when one was asked for, else the served name."""
+        if requested and self.lora_manager is not None and requested in self.lora_manager.known:
+            return requested
+        return self.model_name
+
+    def check_model(self, name: str | None):
+        """None or "" means the default (first served) model, as vLLM treats an empty `model`.
+        Returns the LoRARequest when `name` is a loaded LoRA adapter (docs/lora.md), else None."""
+        if name and name not in self.served_model_names:
+            if self.lora_manager is not None and name in self.lora_manager.known:
+                return self.lora_manager.known[name]
             served = ", ".join(repr(n) for n in self.served_model_names)
+            if self.lora_manager is not None:
+                served += "; LoRA adapters: " + (", ".join(repr(n) for n in sorted(self.lora_manager.known)) or "none")
             raise APIError(404, f"the model {name!r} does not exist on this server; it serves {served} "
                                 "(GET /v1/models lists them)", param="model", code="model_not_found")
+        return None
 

@@ -75,10 +75,11 @@ class KVState:
                 self.seqs.pop(int(key), None)
             else:
                 self.seqs[int(key)] = copy.deepcopy(seq)
-        for sid, n, computed, _, num_tokens in record.get("scheduled", ()):
-            seq = self.seqs.get(sid)
-            if seq is not None:
-                seq["num_computed_tokens"], seq["num_tokens"] = computed + n, num_tokens
+        for row in record.get("scheduled", ()):   # [sid, n, computed, kind, num_tokens(, computed after)]
+            seq = self.seqs.get(row[0])
+            if seq is not None:   # a 6th value: rejected drafts rolled the computed tokens back
+                seq["num_computed_tokens"] = row[5] if len(row) > 5 else row[2] + row[1]
+                seq["num_tokens"] = row[4]
         for key, delta in record.get("tables", {}).items():     # [common prefix length, *new blocks]
             seq = self.seqs.get(int(key))
             if seq is not None:

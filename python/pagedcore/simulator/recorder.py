@@ -27,7 +27,9 @@ SUMMARY_FIELDS = ("step", "time", "num_prefill_tokens", "num_decode_tokens", "nu
 
 def summary(record: dict) -> list:
     kv = record.get("kv", {})
-    generated = sum(1 for sid, n, c, kind, num_tokens in record.get("scheduled", ()) if num_tokens == c + n + 1)
+    spec = record.get("spec")
+    generated = spec["num_generated_tokens"] if spec else \
+        sum(1 for sid, n, c, kind, num_tokens in record.get("scheduled", ()) if num_tokens == c + n + 1)
     return [record[k] for k in SUMMARY_FIELDS] + [kv.get("usage", 0.0), len(record.get("preempted", ())),
                                                   len(record.get("finished", ())),
                                                   record.get("timing", {}).get("total"), generated]

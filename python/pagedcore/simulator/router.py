@@ -26,13 +26,14 @@ from pagedcore.simulator.recorder import TraceRecorder
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 _MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png",
                 ".svg": "image/svg+xml"}
+NO_TRACE = "this server records no trace (it was started with --disable-trace): restart it without that flag"
 HEARTBEAT_S = 15.0        # an SSE comment now and then keeps proxies from closing an idle stream
 
 
 def simulator_router(state: Any = None, recorder: TraceRecorder | None = None) -> APIRouter:
     """Routes of the simulator page. `state` is the server's ServerState (engine, tokenizer, API keys;
     None serves replay and simulation only); `recorder` the TraceRecorder attached to its engine
-    (None when the server runs without --enable-trace)."""
+    (None when the server runs with --disable-trace)."""
     from pagedcore.serving.auth import APIKeyCheck
 
     router = APIRouter()
@@ -63,8 +64,10 @@ def simulator_router(state: Any = None, recorder: TraceRecorder | None = None) -
         return {"live": recorder is not None, "attached": bool(recorder and recorder.attached),
                 "engine_ready": engine is not None, "api_key_required": bool(keys),
                 "model": getattr(state, "model_name", None) if state is not None else None,
-                "why_not_live": None if recorder is not None else
-                "this server records no trace: start it with `pagedcore serve --enable-trace`"}
+                "why_not_live": None if recorder is not None else NO_TRACE,
+                # engine-thread seconds spent recording (bench/bench_trace.py reads it beside throughput)
+                "trace_cost": None if recorder is None else
+                {"num_records": recorder.num_records, "seconds": round(recorder.seconds_in_recorder, 6)}}
 
     @router.get("/simulator/events")
     async def events(request: Request) -> Response:
@@ -104,7 +107,7 @@ def simulator_router(state: Any = None, recorder: TraceRecorder | None = None) -
 
 def _require_attached(recorder: TraceRecorder | None) -> TraceRecorder:
     if recorder is None:
-        raise HTTPException(404, "this server records no trace; start it with `pagedcore serve --enable-trace`")
+        raise HTTPException(404, NO_TRACE)
     if not recorder.attached:
         raise HTTPException(503, "the model is still loading; the trace starts when it is ready")
     return recorder
@@ -127,8 +130,7 @@ def _sse(payload: str) -> bytes:
 async def _event_stream(request: Request, recorder: TraceRecorder | None):
     if recorder is None:
         yield _sse(json.dumps({"kind": "unavailable", "message":
-                               "this server records no trace: start it with `pagedcore serve --enable-trace`; "
-                               "the page can still replay a trace file and run simulations"}))
+                               NO_TRACE + "; the page can still replay a trace file and run simulations"}))
         return
     while not recorder.attached:            # the model is loading
         yield _sse(json.dumps({"kind": "loading"}))

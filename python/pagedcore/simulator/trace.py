@@ -19,12 +19,15 @@ from pagedcore.simulator.kv_state import (FINISH_REASONS, NO_OWNER, PREEMPTION_M
 # pagedcore._core.TraceEventType values (cpp/core/step_trace.h says what a and b hold)
 ALLOCATE, FREE, PREFIX_HIT, COPY_ON_WRITE, SWAP_OUT, SWAP_IN, EVICT, PREEMPT, QUEUE_MOVE, FINISH, REJECT, \
     SCHEDULE, FORK, CACHE_REGISTER = range(14)
-PREFILL, DECODE, RECOMPUTE = 0, 1, 2          # kinds of a scheduled chunk
+PREFILL, DECODE, RECOMPUTE, VERIFY = 0, 1, 2, 3   # kinds of a scheduled chunk (VERIFY: a token + its drafts)
 EVENT_LISTS = ("allocated", "freed", "prefix_hits", "cow", "swapped_out", "swapped_in", "evicted",
                "registered", "forks", "rejected")
 
-# seq_id -> (request_id, arrival time on the tracer's clock), or None when unknown.
-Resolver = Callable[[int], "tuple[str, float] | None"]
+OPTIONAL_CONFIG_FIELDS = ("max_loras", "num_speculative_tokens", "tensor_parallel_size", "pipeline_parallel_size")
+
+# seq_id -> (request_id, arrival time on the tracer's clock[, extras]), or None when unknown. `extras`, a
+# dict, rides on the sequence's record as it is (adapters: {"lora_name": ...}); the page shows what it finds.
+Resolver = Callable[[int], "tuple | None"]
 
 
 def scheduler_config_dict(cfg) -> dict:
@@ -33,11 +36,15 @@ def scheduler_config_dict(cfg) -> dict:
             "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
             "enable_prefix_caching": cfg.enable_prefix_caching, "enable_chunked_prefill": cfg.enable_chunked_prefill,
-            "preemption_mode": cfg.preemption_mode.name.lower(), "policy": cfg.policy.name.lower()}
+            "preemption_mode": cfg.preemption_mode.name.lower(), "policy": cfg.policy.name.lower(),
+            # fields of features that land in the scheduler's config (the page shows the ones present)
+            **{k: getattr(cfg, k) for k in OPTIONAL_CONFIG_FIELDS if getattr(cfg, k, None)}}
 
 
 def table_delta(old: list[int], new: list[int]) -> list[int]:
     """[p, *new[p:]] with p the length of the common prefix: a growing table sends its new blocks only."""
+    if new[:len(old)] == old:                 # the common case, compared in C: the table grew at its end
+        return [len(old)] + new[len(old):]
     p = 0
     for x, y in zip(old, new):
         if x != y:
@@ -93,13 +100,24 @@ class StepTracer:
         scheduled, tables = [], {}
         bt = out.block_tables                       # [num_seqs, max_num_blocks_per_seq], -1 padded
         lengths = (bt >= 0).sum(axis=1).tolist() if bt.size else [0] * out.num_seqs
+        # Speculative decoding: drafts are appended between steps without events; a sequence with k
+        # drafts is scheduled with its last k + 1 tokens and yields k + 1 logits rows.
+        num_drafts = getattr(out, "num_draft_tokens", 0)
+        rows = out.num_logits_rows.tolist() if num_drafts else None      # [num_seqs]
+        drafted = {}                                # seq_id -> k, for the rows that verify drafts
         for i, (sid, n, c) in enumerate(zip(out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(),
                                             out.num_computed_tokens.tolist())):
             seq = st.seqs.get(sid)
             if seq is None:
                 continue
-            kind = (DECODE if n == 1 and c + 1 == seq["num_tokens"] else
-                    RECOMPUTE if seq["num_tokens"] > seq["num_prompt_tokens"] else PREFILL)
+            if c + n > seq["num_tokens"]:           # a chunk never passes the known tokens: drafts came
+                seq["num_tokens"] = c + n
+            if rows is not None and rows[i] > 1:
+                kind = VERIFY
+                drafted[sid] = rows[i] - 1
+            else:
+                kind = (DECODE if n == 1 and c + 1 == seq["num_tokens"] else
+                        RECOMPUTE if seq["num_tokens"] > seq["num_prompt_tokens"] else PREFILL)
             scheduled.append([sid, n, c, kind, 0])
             seq["num_computed_tokens"] = c + n
             # A table changes only where this step allocated for the sequence (new blocks, CoW, prefix
@@ -109,16 +127,20 @@ class StepTracer:
                 if table != seq["block_table"]:
                     tables[str(sid)] = table_delta(seq["block_table"], table)
                     seq["block_table"] = table
+        spec = self._read_accepted(out, drafted, tables) if num_drafts else None
         for sid in out.sample_seq_ids.tolist():   # update() appends one token to every sampled row
             seq = st.seqs.get(sid)
             if seq is not None:
-                seq["num_tokens"] += 1
+                known = spec["num_tokens"].get(sid) if spec else None    # drafts: what the pool kept
+                seq["num_tokens"] = known if known is not None else seq["num_tokens"] + 1
                 if seq["first_token_time"] is None:
                     seq["first_token_time"] = now
         self._read_events(result.events.tolist(), acc, now)
         for row in scheduled:                     # [seq_id, tokens, computed before, kind, num_tokens after]
             seq = st.seqs.get(row[0])
             row[4] = seq["num_tokens"] if seq is not None else -1
+            if seq is not None and row[3] == VERIFY and seq["num_computed_tokens"] != row[1] + row[2]:
+                row.append(seq["num_computed_tokens"])   # rejected drafts: the KV rolled back
 
         st.step, st.time = out.step_id, now
         record = {"kind": "step", "step": out.step_id, "time": now,
@@ -126,10 +148,41 @@ class StepTracer:
                   "num_decode_tokens": out.num_decode_tokens, "num_seqs": out.num_seqs,
                   "num_context_tokens": int(out.seq_lens.sum()) if out.num_seqs else 0,
                   "scheduled": scheduled, "tables": tables}
+        if spec is not None:
+            del spec["num_tokens"]
+            record["spec"] = spec
         if timing is not None:
             record["timing"] = {k: round(timing[k], 7) for k in ("schedule", "forward", "sample", "total")
                                 if k in timing}
         return self._finish_record(record, acc)
+
+    def _read_accepted(self, out, drafted: dict, tables: dict) -> dict:
+        """Drafted and accepted tokens of a step that verified drafts (vLLM's spec-decode counters):
+        a row with k drafts keeps m tokens, 0..k + 1, of which min(m, k + 1) - 1 are accepted drafts
+        and one is the target model's own. Read from the pool after update(): m is not in its result.
+        Rejected drafts also give back the blocks that held only them: the table shrinks here."""
+        st = self.state
+        per_seq, num_tokens, accepted, generated = [], {}, 0, 0
+        for sid in out.sample_seq_ids.tolist():
+            seq, info = st.seqs.get(sid), self.scheduler.get_sequence(sid)
+            k = drafted.get(sid, 0)
+            if seq is None or info is None:   # finished with this step: its FINISH event counts its tokens
+                generated += 1
+                continue
+            after = info.num_tokens - getattr(info, "num_draft_tokens", 0)
+            m = after - (seq["num_tokens"] - k)
+            num_tokens[sid] = after
+            seq["num_computed_tokens"] = info.num_computed_tokens
+            generated += m
+            table = list(info.block_table)
+            if table != seq["block_table"]:   # whole: a delta from the grown table would not apply to the old one
+                tables[str(sid)] = [0] + table
+                seq["block_table"] = table
+            if k:
+                accepted += max(0, m - 1)
+                per_seq.append([sid, k, max(0, m - 1)])
+        return {"num_draft_tokens": out.num_draft_tokens, "num_accepted_tokens": accepted,
+                "num_generated_tokens": generated, "seqs": per_seq, "num_tokens": num_tokens}
 
     # -- between steps: aborts leave their events inside the C++ trace until the next schedule() ------------
     def sync(self, now: float | None = None) -> dict | None:
@@ -222,8 +275,11 @@ class StepTracer:
             return                            # already seen by a sync
         info = self.scheduler.get_sequence(sid)
         known = self.resolve(sid) if self.resolve else None
-        request_id, arrival = known if known else (str(sid), now)
+        request_id, arrival = known[:2] if known else (str(sid), now)
         st.seqs[sid] = new_seq(request_id, info.num_prompt_tokens if info else 0, arrival)
+        if known and len(known) > 2 and known[2]:
+            # What other features know of the request (e.g. {"lora_name": ...}); the page shows what it finds.
+            st.seqs[sid].update(known[2])
         acc.seqs.add(sid)
 
     def _preempt(self, sid: int, mode: str, acc: _Step) -> None:

@@ -25,6 +25,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from pagedcore.sampling_params import StructuredOutputsParams
 from pagedcore.structured_output.limits import ConstraintLimits, constraint_bytes
+from pagedcore.structured_output.schema_support import unsupported_reason
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the client needs only the rest.
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -52,6 +53,17 @@ def choice_grammar(choices: Sequence[str]) -> str:
     """An EBNF grammar whose only sentences are the choices."""
     # GBNF string literals take JSON's escapes (\\", \\\\, \\n, \\uXXXX); keep other characters raw.
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def schema_gate(schema) -> str | None:
+    """Why the grammar would not hold `schema` (a JSON Schema, parsed or as text), or None: see
+    schema_support.py. Text that is not JSON is left to xgrammar, whose message names the error."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return None
+    return unsupported_reason(schema)
 
 
 def new_matcher(grammar):
@@ -94,6 +106,10 @@ class GrammarCache:
             raise ConstraintError(kind, f"it is {size} bytes, more than the limit of {limits.max_bytes}; send a "
                                         "smaller constraint, or raise the limit (pagedcore serve "
                                         "--structured-outputs-max-bytes)", "max_bytes")
+        if kind == "json":
+            reason = schema_gate(constraint.json)
+            if reason is not None:
+                raise ConstraintError(kind, reason)
         compiler = self._get_compiler()
         with self._lock:
             self.num_misses += 1

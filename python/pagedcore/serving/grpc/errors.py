@@ -27,6 +27,10 @@ class ServerDrainingError(RuntimeError):
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    from pagedcore.lora.errors import LoRANotFoundError
+
+    if isinstance(error, LoRANotFoundError):   # adapter_id names no loaded adapter (the message lists them)
+        return grpc.StatusCode.NOT_FOUND, str(error)
     if isinstance(error, ValueError):   # ParamError, and the engine's own refusals (add_request)
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, QueueFullError):
@@ -42,7 +46,10 @@ async def _abort(context, method_name: str, error: Exception):
         logger.error("%s failed", method_name, exc_info=error)
     else:
         logger.info("%s refused: %s %s", method_name, code.name, message)
-    await context.abort(code, message)
+    # RESOURCE_EXHAUSTED: the message says "retry after N s"; the same N rides in trailing metadata
+    # ("retry-after", as HTTP's header) for clients that read it programmatically.
+    trailing = (("retry-after", str(error.retry_after_s)),) if isinstance(error, QueueFullError) else ()
+    await context.abort(code, message, trailing_metadata=trailing)
 
 
 def rpc_errors(method):

@@ -90,12 +90,20 @@ class FittedPrompt:
     token_limited: bool   # max_tokens was cut to fit max_model_len: running out is TOKEN_LIMIT
 
 
-def check_request(request) -> None:
-    """Request-level fields pagedcore cannot honour (prompt-tuning prefixes, adapters)."""
-    for name in ("prefix_id", "adapter_id"):
-        if request.HasField(name) and getattr(request, name):
-            raise ParamError(name, f"({getattr(request, name)!r}) is not supported: this server loads no "
-                                   "adapters or prompt prefixes; leave it unset")
+def check_request(request, lora_enabled: bool = False) -> str | None:
+    """The LoRA adapter a request names: adapter_id, or the deprecated prefix_id (vllm-tgis-adapter
+    reads it as an adapter name too); None for the base model. Without LoRA (--enable-lora) either
+    field is refused."""
+    names = {name: getattr(request, name) for name in ("adapter_id", "prefix_id")
+             if request.HasField(name) and getattr(request, name)}
+    if names and not lora_enabled:
+        name, value = next(iter(names.items()))
+        raise ParamError(name, f"({value!r}) is not supported: this server serves no LoRA adapters; start it "
+                               "with --enable-lora --lora-modules NAME=PATH, or leave it unset")
+    if len(set(names.values())) > 1:
+        raise ParamError("prefix_id", f"({names['prefix_id']!r}) differs from adapter_id ({names['adapter_id']!r}); "
+                                      "prefix_id is the deprecated name of adapter_id: send only adapter_id")
+    return next(iter(names.values()), None)
 
 
 def plan_generation(params, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,

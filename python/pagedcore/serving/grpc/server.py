@@ -66,12 +66,15 @@ def _address(host: str, port: int) -> str:
 async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                             api_keys: Sequence[str] | None = (), served_model_name: str | None = None,
                             max_model_len: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS_LIMIT,
-                            default_include_stop_sequence: bool = True) -> GrpcServer:
+                            default_include_stop_sequence: bool = True,
+                            tls: tuple[bytes, bytes, bytes | None] | None = None) -> GrpcServer:
     """Starts the gRPC front end on the running event loop and returns once it listens.
 
     max_model_len: what ModelInfo reports and prompts are checked against (default: the engine's).
     max_new_tokens: the largest stopping.max_new_tokens a request may ask for (TGIS's default 1024).
     default_include_stop_sequence: for requests that leave include_stop_sequence unset (TGIS: true).
+    tls: (certificate chain, private key, client CA or None) as PEM bytes: TLS on the port, and with a
+    client CA mutual TLS (a client without a certificate that CA signed fails the handshake). None: plaintext.
     """
     engine_max_len = async_engine.engine.view.config.max_model_len
     max_model_len = max_model_len or engine_max_len
@@ -94,7 +97,13 @@ async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.
 
     address = _address(host, port)
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert_chain, private_key, client_ca = tls
+            credentials = grpc.ssl_server_credentials([(private_key, cert_chain)], root_certificates=client_ca,
+                                                      require_client_auth=client_ca is not None)
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as error:
         raise OSError(f"could not listen for gRPC on {address} ({error}); is the port in use? "
                       "pick another with --grpc-port") from None
@@ -102,8 +111,9 @@ async def start_grpc_server(async_engine: AsyncLLMEngine, *, host: str = "127.0.
         raise OSError(f"could not listen for gRPC on {address}; is the port in use? pick another with --grpc-port")
     await server.start()
     address = _address(host, bound)
-    logger.info("gRPC (TGIS fmaas.GenerationService, health, reflection) on %s for model %s%s", address,
-                served_model_name or "(unnamed)", ", API key required" if interceptors else "")
+    security = "plaintext" if tls is None else "TLS" if tls[2] is None else "mutual TLS"
+    logger.info("gRPC (TGIS fmaas.GenerationService, health, reflection) on %s (%s) for model %s%s", address,
+                security, served_model_name or "(unnamed)", ", API key required" if interceptors else "")
     return GrpcServer(server, servicer, health_servicer, address, bound)
 
 

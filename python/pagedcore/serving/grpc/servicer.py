@@ -32,26 +32,27 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.max_new_tokens_limit = min(max_new_tokens_limit, max_model_len - 1)
         self.default_include_stop_sequence = default_include_stop_sequence
         self.max_logprobs = async_engine.engine.view.config.max_logprobs
+        self.lora_manager = async_engine.engine.lora_manager  # None without --enable-lora
         self.draining = False
 
     # -- Generate ------------------------------------------------------------------------------------
     @rpc_errors
     async def Generate(self, request, context):
         start = time.monotonic()
-        plan = await self._plan(request)
+        plan, lora_request = await self._plan(request)
         texts = [r.text for r in request.requests]
         prompts = [self._fit(text, plan, f"requests[{i}].text") for i, text in enumerate(texts)]
         request_id = uuid.uuid4().hex
         return pb.BatchedGenerationResponse(responses=await run_all([
-            self._generate_one(prompt, text, plan, f"{request_id}-{i}", start)
+            self._generate_one(prompt, text, plan, f"{request_id}-{i}", start, lora_request)
             for i, (prompt, text) in enumerate(zip(prompts, texts))]))
 
     async def _generate_one(self, prompt: FittedPrompt, text: str, plan: GenerationPlan, request_id: str,
-                            start: float):
+                            start: float, lora_request=None):
         progress, time_limited = responses.Progress(), False
         # Without a time limit one final output is enough; with one, deltas keep what was generated in time.
         outputs = self.engine.generate(None, prompt.sampling_params, request_id, prompt_token_ids=prompt.token_ids,
-                                       stream=plan.time_limit_s is not None)
+                                       stream=plan.time_limit_s is not None, lora_request=lora_request)
         async with aclosing(until_deadline(outputs, self._deadline(plan, start))) as timed_outputs:
             async for output in timed_outputs:
                 if output is TIME_LIMIT:
@@ -64,11 +65,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     @rpc_errors
     async def GenerateStream(self, request, context):
         start = time.monotonic()
-        plan = await self._plan(request)
+        plan, lora_request = await self._plan(request)
         text = request.request.text
         prompt = self._fit(text, plan, "request.text")
         outputs = self.engine.generate(None, prompt.sampling_params, uuid.uuid4().hex,
-                                       prompt_token_ids=prompt.token_ids, stream=True)
+                                       prompt_token_ids=prompt.token_ids, stream=True, lora_request=lora_request)
         progress, sent_input = responses.Progress(), False
         async with aclosing(until_deadline(outputs, self._deadline(plan, start))) as timed_outputs:
             async for output in timed_outputs:
@@ -86,7 +87,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     # -- Tokenize / ModelInfo ------------------------------------------------------------------------
     @rpc_errors
     async def Tokenize(self, request, context):
-        check_request(request)
+        check_request(request, lora_enabled=self.lora_manager is not None)  # same tokenizer for every adapter
         keep = request.truncate_input_tokens
         out = []
         for r in request.requests:
@@ -109,11 +110,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                                     max_new_tokens=self.max_new_tokens_limit)
 
     # -- helpers -------------------------------------------------------------------------------------
-    async def _plan(self, request) -> GenerationPlan:
+    async def _plan(self, request):
+        """(GenerationPlan, the LoRARequest adapter_id names or None); an unknown adapter is NOT_FOUND."""
         if self.draining:
             raise ServerDrainingError("the server is shutting down and accepts no new requests; retry on another "
                                       "replica")
-        check_request(request)
+        adapter_name = check_request(request, lora_enabled=self.lora_manager is not None)
+        lora_request = None if adapter_name is None else self.lora_manager.get(adapter_name)
         plan = plan_generation(request.params, max_new_tokens_limit=self.max_new_tokens_limit,
                                default_include_stop_sequence=self.default_include_stop_sequence,
                                max_logprobs=self.max_logprobs)
@@ -125,7 +128,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             except ValueError as error:
                 reason = getattr(error, "reason", str(error))
                 raise ParamError(constraint_field(constraint), f"could not be compiled: {reason}") from None
-        return plan
+        return plan, lora_request
 
     def _fit(self, text: str, plan: GenerationPlan, field: str) -> FittedPrompt:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import Request
@@ -11,6 +12,8 @@ from pagedcore.serving.openai.errors import APIError, bad_request
 from pagedcore.serving.openai.protocol import UNION_TYPES
 
 logger = logging.getLogger(__name__)
+
+BODY_TIMEOUT_S = 30.0   # the whole body must arrive within this after the headers
 
 
 def too_large(size: int | None, limit: int) -> APIError:
@@ -33,8 +36,31 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_content_type(request: Request) -> None:
+    """415 for a body that says it is not JSON (a form post, text/plain: also what a cross-site
+    browser page may send without a CORS preflight). No Content-Type at all is read as JSON, as
+    FastAPI does. `curl -d` without -H sends a form type and gets 415 naming the header to add."""
+    content_type = request.headers.get("content-type")
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise APIError(415, f"the request body must be JSON, but its Content-Type is {content_type[:100]!r}; "
+                        "send the header 'Content-Type: application/json'", code="unsupported_media_type")
+
+
+async def read_body_in_time(request: Request, limit: int, timeout: float = BODY_TIMEOUT_S) -> bytes:
+    """read_body, but a client that trickles its body (slowloris) is cut off with 408."""
+    try:
+        return await asyncio.wait_for(read_body(request, limit), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:.0f} s; send it at once") from None
+
+
 async def parse_request(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
-    body = await read_body(request, limit)
+    check_content_type(request)
+    body = await read_body_in_time(request, limit)
     if not body.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:

@@ -13,9 +13,9 @@ from pagedcore.serving.openai.body import parse_request
 from pagedcore.serving.openai.chat_template import render_chat
 from pagedcore.serving.openai.errors import APIError, bad_request, engine_error, error_body
 from pagedcore.serving.openai.logprobs import chat_logprobs
-from pagedcore.serving.openai.params import sampling_params
+from pagedcore.serving.openai.params import beam_search_params, sampling_params
 from pagedcore.serving.openai.protocol import ChatCompletionRequest
-from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, collect, sse,
+from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, after_first, collect, sse,
                                                 until_disconnected)
 from pagedcore.serving.openai.structured import Constraint, check_compiles, constraint_of
 from pagedcore.serving.openai.tools import ToolPlan, ToolStream, finish_reason, plan_tools
@@ -25,7 +25,7 @@ from pagedcore.serving.state import ServerState
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     req = await parse_request(request, ChatCompletionRequest, state.max_request_body_bytes)
-    state.check_model(req.model)
+    lora_request = state.check_model(req.model)  # a LoRA adapter's name selects it
     engine = state.require_engine()
     tool_plan = plan_tools(req.tools, req.tool_choice, _auto_tool_parser(state), req.parallel_tool_calls)
     constraint = constraint_of(req)
@@ -46,20 +46,35 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     if req.max_completion_tokens is not None:   # the newer name wins, as on api.openai.com
         max_tokens = req.max_completion_tokens
         names["max_tokens"] = "max_completion_tokens"
-    params = sampling_params(req, state, prompt_len=len(prompt_ids), max_tokens=max_tokens, default_max_tokens=None,
-                             logprobs=(req.top_logprobs or 0) if req.logprobs else None, names=names,
-                             prompt_field="messages",
-                             structured_outputs=None if constraint is None else constraint.params)
+    if req.use_beam_search:   # n beams, the n best come back as choices (engine/beam_search.py)
+        params = beam_search_params(req, state, prompt_len=len(prompt_ids), max_tokens=max_tokens,
+                                    default_max_tokens=None, logprobs=req.logprobs, prompt_field="messages",
+                                    names={k: v for k, v in names.items() if k == "max_tokens"},
+                                    constrained_by=None if constraint is None else constraint.field.split(".")[0])
+    else:
+        params = sampling_params(req, state, prompt_len=len(prompt_ids), max_tokens=max_tokens,
+                                 default_max_tokens=None, logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                                 names=names, prompt_field="messages",
+                                 structured_outputs=None if constraint is None else constraint.params)
     await check_compiles(engine, constraint)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     try:
         stream = engine.add_request(None, params, request_id, prompt_token_ids=prompt_ids, priority=req.priority,
-                                    stream=req.stream)
+                                    stream=req.stream, lora_request=lora_request)
     except Exception as error:
         raise engine_error(error) from None
     meta = _Meta(request_id, state, req, tool_plan)
     if req.stream:
-        return StreamingResponse(_stream(stream, meta), media_type="text/event-stream", headers=SSE_HEADERS)
+        try:   # the response (status 200) starts with the first token: a failed prefill is a clean error
+            outputs = await after_first(request, stream)
+        except ClientGone:
+            await stream.aclose()
+            return Response(status_code=499)
+        except Exception as error:
+            await stream.aclose()
+            raise engine_error(error) from None
+        return StreamingResponse(_stream(stream, outputs, meta), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
     try:
         (output,) = await until_disconnected(request, collect([stream]))
     except ClientGone:
@@ -89,7 +104,7 @@ class _Meta:
                 p.text or "" for p in content or [])
 
     def envelope(self, obj: str, choices: list, usage: dict | None = None) -> dict:
-        body = {"id": self.request_id, "object": obj, "created": self.created, "model": self.state.model_name,
+        body = {"id": self.request_id, "object": obj, "created": self.created, "model": self.state.response_model_name(self.req.model),
                 "choices": choices}
         if usage is not None:
             body["usage"] = usage
@@ -116,20 +131,26 @@ def _response(output: RequestOutput, meta: _Meta) -> dict:
     return meta.envelope("chat.completion", choices, usage_of([output]))
 
 
-async def _stream(stream, meta: _Meta):
+async def _stream(stream, outputs, meta: _Meta):
+    """stream: the engine request (closed at the end); outputs: its outputs, the first already in."""
     req = meta.req
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     usage = Usage(1)
     tool_streams = [ToolStream(meta.tool_plan) for _ in range(req.n)]
     try:
-        # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
-        for index in range(req.n):
-            delta = {"role": "assistant", "content": meta.echo_text}
-            yield sse(meta.envelope("chat.completion.chunk", [
-                {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
-        async for out in stream:
+        role_sent = False
+        async for out in outputs:
             usage.add(0, out)
+            if not role_sent:
+                # The role comes first, in a chunk of its own per choice, as OpenAI sends it: after the
+                # prefill, with the first token. With continuous usage stats every chunk carries usage.
+                role_sent = True
+                for index in range(req.n):
+                    delta = {"role": "assistant", "content": meta.echo_text}
+                    yield sse(meta.envelope("chat.completion.chunk", [
+                        {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                        usage.as_dict() if continuous else None))
             for c in out.outputs:
                 text, calls = tool_streams[c.index].feed(c.text), []
                 if c.finish_reason is not None:

@@ -12,10 +12,10 @@ from pagedcore.outputs import RequestOutput
 from pagedcore.serving.openai.body import parse_request
 from pagedcore.serving.openai.errors import APIError, bad_request, engine_error, error_body
 from pagedcore.serving.openai.logprobs import CompletionLogprobs
-from pagedcore.serving.openai.params import sampling_params
+from pagedcore.serving.openai.params import beam_search_params, sampling_params
 from pagedcore.serving.openai.protocol import CompletionRequest
-from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, close_all, collect, merge_streams,
-                                                sse, until_disconnected)
+from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, after_first, close_all, collect,
+                                                merge_streams, sse, until_disconnected)
 from pagedcore.serving.openai.structured import check_compiles, constraint_of
 from pagedcore.serving.openai.usage import Usage, usage_of
 from pagedcore.serving.state import ServerState
@@ -25,7 +25,7 @@ DEFAULT_MAX_TOKENS = 16
 
 async def create_completion(request: Request, state: ServerState) -> Response:
     req = await parse_request(request, CompletionRequest, state.max_request_body_bytes)
-    state.check_model(req.model)
+    lora_request = state.check_model(req.model)  # a LoRA adapter's name selects it
     engine = state.require_engine()
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (vLLM's V1 engine dropped it too); use n", "best_of")
@@ -36,23 +36,39 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     await check_compiles(engine, constraint)
     # echo with logprobs reports the prompt's tokens too: they need prompt logprobs.
     prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
-    params = [sampling_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
-                              default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs,
-                              prompt_logprobs=prompt_logprobs,
-                              structured_outputs=None if constraint is None else constraint.params)
-              for _, ids in prompts]
+    if req.use_beam_search:   # n beams per prompt, the n best come back (engine/beam_search.py)
+        params = [beam_search_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
+                                     default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs is not None,
+                                     constrained_by=None if constraint is None else constraint.field.split(".")[0])
+                  for _, ids in prompts]
+    else:
+        params = [sampling_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
+                                  default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs,
+                                  prompt_logprobs=prompt_logprobs,
+                                  structured_outputs=None if constraint is None else constraint.params)
+                  for _, ids in prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = []
     try:
         for i, ((text, ids), p) in enumerate(zip(prompts, params)):
             streams.append(engine.add_request(text, p, f"{request_id}-{i}" if len(prompts) > 1 else request_id,
-                                              prompt_token_ids=ids, priority=req.priority, stream=req.stream))
+                                              prompt_token_ids=ids, priority=req.priority, stream=req.stream,
+                                              lora_request=lora_request))
     except Exception as error:
         await close_all(streams)
         raise engine_error(error) from None
     meta = _Meta(request_id, state, req, prompts)
     if req.stream:
-        return StreamingResponse(_stream(streams, meta), media_type="text/event-stream", headers=SSE_HEADERS)
+        try:   # the response (status 200) starts with the first token: a failed prefill is a clean error
+            outputs = await after_first(request, merge_streams(streams))
+        except ClientGone:
+            await close_all(streams)
+            return Response(status_code=499)
+        except Exception as error:
+            await close_all(streams)
+            raise engine_error(error) from None
+        return StreamingResponse(_stream(streams, outputs, meta), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
     try:
         outputs = await until_disconnected(request, collect(streams))
     except ClientGone:
@@ -74,7 +90,7 @@ class _Meta:
 
     def envelope(self, choices: list, usage: dict | None = None) -> dict:
         body = {"id": self.request_id, "object": "text_completion", "created": self.created,
-                "model": self.state.model_name, "choices": choices}
+                "model": self.state.response_model_name(self.req.model), "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return body
@@ -131,14 +147,15 @@ def _response(outputs: list[RequestOutput], meta: _Meta) -> dict:
     return meta.envelope(choices, usage_of(outputs))
 
 
-async def _stream(streams, meta: _Meta):
+async def _stream(streams, outputs, meta: _Meta):
+    """streams: the engine requests (closed at the end); outputs: merge_streams over them, the first in."""
     req, tokenizer = meta.req, meta.state.tokenizer
     options = req.stream_options
     usage = Usage(len(streams))
     builders: dict[int, CompletionLogprobs] = {}     # choice index -> its running text offset
     started: set[int] = set()
     try:
-        async for i, out in merge_streams(streams):
+        async for i, out in outputs:
             usage.add(i, out)
             for c in out.outputs:
                 index = i * req.n + c.index

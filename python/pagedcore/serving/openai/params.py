@@ -6,7 +6,7 @@ server knows: max_model_len, the vocabulary, --max-logprobs, --max-num-seqs, the
 
 from __future__ import annotations
 
-from pagedcore.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedcore.sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 from pagedcore.serving.openai.errors import APIError, bad_request, from_value_error
 from pagedcore.serving.openai.protocol import SamplingFields
 from pagedcore.serving.state import ServerState
@@ -41,6 +41,51 @@ def sampling_params(req: SamplingFields, state: ServerState, *, prompt_len: int,
     params.max_tokens = _fit_max_tokens(params, state.max_model_len, prompt_len, max_tokens, default_max_tokens,
                                         names.get("max_tokens", "max_tokens"), prompt_field)
     return params
+
+
+# Fields that change what is sampled and that beam search does not take: field -> its neutral values
+# (clients that send every field at its default are not refused).
+_NOT_WITH_BEAM_SEARCH = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "presence_penalty": (0.0,),
+                         "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
+                         "stop": ("", []), "stop_token_ids": ([],), "min_tokens": (0,), "skip_special_tokens": (True,)}
+
+
+def beam_search_params(req: SamplingFields, state: ServerState, *, prompt_len: int, max_tokens: int | None,
+                       default_max_tokens: int | None, logprobs, names: dict[str, str] | None = None,
+                       prompt_field: str = "prompt", constrained_by: str | None = None) -> BeamSearchParams:
+    """use_beam_search=true: n is the beam width (the n best beams come back). Streaming, logprobs,
+    temperature > 0 and every sampling-only field are refused with a 400 naming the field."""
+    names = names or {}
+    if req.stream:
+        raise bad_request("use_beam_search does not stream (the beams are known only at the end); "
+                          "set stream to false", "stream")
+    if logprobs:
+        field = names.get("logprobs", "logprobs")
+        raise bad_request(f"{field} is not supported with use_beam_search; drop it", field)
+    if constrained_by is not None:
+        raise bad_request(f"{constrained_by} is not supported with use_beam_search; drop one of them", constrained_by)
+    if req.temperature:
+        raise bad_request(f"use_beam_search is deterministic: temperature must be 0 or unset, got {req.temperature}",
+                          "temperature")
+    for field, neutral in _NOT_WITH_BEAM_SEARCH.items():
+        value = getattr(req, field)
+        if value is not None and value not in neutral:
+            raise bad_request(f"{field} is not supported with use_beam_search; drop it or turn beam search off",
+                              field)
+    if req.n > state.max_num_seqs:
+        raise bad_request(f"n={req.n} beams are more than this server runs at once (--max-num-seqs "
+                          f"{state.max_num_seqs}); ask for fewer beams", "n")
+    max_tokens = _fit_max_tokens(SamplingParams(max_tokens=None), state.max_model_len, prompt_len, max_tokens,
+                                 default_max_tokens, names.get("max_tokens", "max_tokens"), prompt_field)
+    try:
+        return BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
+                                length_penalty=req.length_penalty, early_stopping=req.early_stopping,
+                                include_stop_str_in_output=req.include_stop_str_in_output)
+    except ValueError as error:   # "BeamSearchParams.<field> must be ...": name the request's field
+        field = str(error).split()[0].removeprefix("BeamSearchParams.")
+        field = "n" if field == "beam_width" else field
+        raise bad_request(str(error).replace("BeamSearchParams.beam_width", "n").removeprefix("BeamSearchParams."),
+                          field) from None
 
 
 def _pick(value, defaults: dict, name: str, fallback):

@@ -28,8 +28,30 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False   # vLLM: usage so far in every chunk
 
 
+# OpenAI's documented temperature range. Above it the HTTP API refuses (as api.openai.com does)
+# rather than clamping: a client asking for 5 is told, not quietly given 2.
+MAX_TEMPERATURE = 2.0
+
+
 class SamplingFields(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    @model_validator(mode="after")
+    def _openai_rules(self):
+        # Raised as APIError (not ValueError) so pydantic passes it through with the field named.
+        from pagedcore.serving.openai.errors import bad_request
+
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed with \"stream\": true", "stream_options")
+        if self.temperature is not None and self.temperature > MAX_TEMPERATURE:
+            raise bad_request(f"temperature={self.temperature} is above the maximum of {MAX_TEMPERATURE} (OpenAI's "
+                              "range is 0 to 2)", "temperature")
+        for name in ("logprobs", "top_logprobs"):
+            value = getattr(self, name, None)
+            if value is not None and not isinstance(value, bool) and value < 0:
+                raise bad_request(f"{name}={value}: must be >= 0; -1 (the whole vocabulary, which vLLM accepts) is "
+                                  "not supported here: ask for at most --max-logprobs alternatives", name)
+        return self
 
     model: str | None = None
     n: int = 1
@@ -54,6 +76,10 @@ class SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     priority: int = 0                      # lower runs first, with --scheduling-policy priority
+    # vLLM's beam search fields: n is the beam width; HF's length_penalty and early_stopping.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
     # Structured output (structured.py reads them; at most one may be set).
     response_format: dict[str, Any] | None = None      # {"type": "text" | "json_object" | "json_schema"}
     structured_outputs: dict[str, Any] | None = None   # vLLM: {"json" | "regex" | "choice" | "grammar" | ...}

@@ -75,6 +75,30 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def _nothing() -> AsyncIterator:
+    return
+    yield
+
+
+async def after_first(request: Request, outputs: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Waits for the first output (the prefill has run) before a streaming response starts, and
+    returns an iterator over all the outputs, that one first. So a request that fails before its
+    first token gets a real HTTP error status instead of a 200 with an error inside the stream, and
+    the chat `role` chunk goes out with the first token. Raises ClientGone or the request's error;
+    the caller closes the engine streams either way."""
+    try:
+        first = await until_disconnected(request, outputs.__anext__())
+    except StopAsyncIteration:
+        return _nothing()
+    return _chain(first, outputs)
+
+
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Runs `work`; if the client disconnects first, cancels it (its streams abort) and raises ClientGone."""
     task = asyncio.ensure_future(work)

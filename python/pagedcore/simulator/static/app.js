@@ -15,7 +15,7 @@
   const feed = new PC.Feed(state, () => { dirty = true; }, status);
   const select = (sid) => { selected = sid; dirty = true; };
   const tooltip = $('tooltip');
-  const gpuGrid = new PC.BlockGrid($('gpu-grid'), 'gpu', tooltip, select);
+  const gpuGrid = new PC.BlockGrid($('gpu-grid'), 'gpu', tooltip, select, $('gpu-minimap'));
   const cpuGrid = new PC.BlockGrid($('cpu-grid'), 'cpu', tooltip, select);
   const timeline = new PC.Timeline($('timeline'), (step) => feed.seekStep(step));
   let lastConfig = null;
@@ -34,10 +34,12 @@
     PC.panels.renderMetrics($('metrics'), state);
     PC.panels.renderBlockTable($('block-table'), state, selected);
     PC.panels.renderLog($('step-log'), state);
+    PC.panels.renderExplain($('step-explain'), state);
     if (cfg) {
-      const st = state.stats || {};
-      $('grid-caption').textContent = `${cfg.num_gpu_blocks} blocks × block_size ${cfg.block_size} tokens · ` +
-        `free ${st.num_free_blocks ?? cfg.num_gpu_blocks}`;
+      const st = state.stats || {}, L = gpuGrid.layout;
+      $('grid-caption').textContent = `${cfg.num_gpu_blocks.toLocaleString('en-US')} blocks × block_size ${cfg.block_size} tokens · ` +
+        `free ${(st.num_free_blocks ?? cfg.num_gpu_blocks).toLocaleString('en-US')} (cached ${st.num_cached_free_blocks ?? 0})` +
+        (L && L.folded ? ' · long free runs folded: “free ×N”; the strip above is the whole pool' : '');
       $('cpu-caption').textContent = cfg.num_cpu_blocks ? `${cfg.num_cpu_blocks} blocks (preemption_mode swap)` :
         'none (num_cpu_blocks 0: preemption recomputes)';
     }
@@ -51,9 +53,13 @@
 
   function legend() {
     const c = PC.GRID_COLORS, h = 200;
-    const items = [[c.free, 'free'], [`hsl(${h},30%,30%)`, 'cached (free, prefix-cache reusable)', c.cachedMark],
-      [`hsl(${h},70%,58%)`, 'allocated (owner colour)'], [`hsl(${h},70%,68%)`, 'shared: ref_count > 1', '#fff'],
-      ['transparent', 'allocated this step', c.allocated], ['transparent', 'freed this step', c.freed]];
+    const items = [[c.free, 'free'], [c.gap, 'free ×N: a folded run of free blocks'],
+      [`hsl(${h},30%,30%)`, 'cached (free, prefix-cache reusable)', c.cachedMark],
+      [`hsl(${h},70%,58%)`, 'allocated (request colour)'], [`hsl(${h},70%,68%)`, 'shared: ref_count > 1', '#fff'],
+      [`linear-gradient(225deg, ${c.cachedMark} 30%, hsl(${h},70%,58%) 30%)`, 'allocated, in the prefix cache'],
+      ['transparent', 'allocated this step', c.allocated], ['transparent', 'prefix hit this step', c.hit],
+      ['transparent', 'copy-on-write this step', c.cow], ['transparent', 'freed this step', c.freed],
+      ['transparent', 'selected request', c.select]];
     $('legend').innerHTML = items.map(([fill, label, border]) =>
       `<span><i style="background:${fill};${border ? `box-shadow: inset 0 0 0 2px ${border}` : ''}"></i>${label}</span>`).join('');
   }
@@ -64,6 +70,12 @@
   $('btn-step').onclick = () => feed.stepOnce();
   $('btn-end').onclick = () => feed.toEnd();
   $('speed').onchange = (e) => { feed.speed = +e.target.value; };
+  for (const k of ['preempt', 'swap', 'hit', 'cow']) {
+    const box = $('pause-' + k);
+    box.checked = localStorage.getItem('pagedcore-pause-' + k) === '1';
+    feed.pauseOn[k] = box.checked;
+    box.onchange = () => { feed.pauseOn[k] = box.checked; localStorage.setItem('pagedcore-pause-' + k, box.checked ? '1' : '0'); };
+  }
   $('btn-live').onclick = () => startLive();
   $('trace-file').onchange = async (e) => {
     const f = e.target.files[0];

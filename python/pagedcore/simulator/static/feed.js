@@ -18,6 +18,19 @@
       this.source = null;
       this.credit = 0;
       this.lastTick = performance.now();
+      this.pauseOn = { preempt: false, swap: false, hit: false, cow: false };   // "pause on" (explain.js pauseReason)
+      this.pausedBy = null;      // {step, reason} of the last automatic pause
+    }
+
+    // Applies one record; false (and paused) when it holds an event the user asked to stop at.
+    applyOne(rec) {
+      this.state.apply(rec);
+      const reason = PC.pauseReason(rec, this.pauseOn);
+      if (!reason) return true;
+      this.playing = false;
+      this.pausedBy = { step: rec.step, reason };
+      this.onStatus(`paused at step ${rec.step}: ${reason} — read “This step, explained”, then Play or Step`, 'paused');
+      return false;
     }
 
     // -- sources ----------------------------------------------------------------------------------------
@@ -35,8 +48,12 @@
         if (rec.kind === 'loading') { this.onStatus('the model is loading…', ''); return; }
         if (rec.kind === 'snapshot') { this.pending = []; this.state.apply(rec); this.onChange(); }
         else this.pending.push(rec);
-        this.onStatus(`live · step ${this.state.step}` + (this.pending.length && !this.playing ?
-          ` (${this.pending.length} held)` : ''), 'live');
+        if (this.pausedBy && !this.playing) {
+          this.onStatus(`paused at step ${this.pausedBy.step}: ${this.pausedBy.reason} · ${this.pending.length} steps held`, 'paused');
+        } else {
+          this.onStatus(`live · step ${this.state.step}` + (this.pending.length && !this.playing ?
+            ` (${this.pending.length} held)` : ''), 'live');
+        }
       };
       es.onerror = () => { if (this.mode === 'live') this.onStatus('live stream lost; retrying…', 'error'); };
     }
@@ -73,7 +90,7 @@
     }
 
     // -- controls ---------------------------------------------------------------------------------------
-    play() { this.playing = true; this.lastTick = performance.now(); this.credit = 0; }
+    play() { this.playing = true; this.pausedBy = null; this.lastTick = performance.now(); this.credit = 0; }
     pause() { this.playing = false; }
 
     // Applies records up to and including the next "step" record.
@@ -121,28 +138,30 @@
       if (!this.playing) return false;
       if (this.mode === 'live') {
         if (!this.pending.length) return false;
-        for (const r of this.pending.splice(0)) this.state.apply(r);
+        while (this.pending.length && this.applyOne(this.pending.shift()));
+        if (!this.playing) return true;
+        this.onStatus(`live · step ${this.state.step}`, 'live');
         return true;
       }
       if (this.mode !== 'replay' || this.pos >= this.records.length) return false;
       let changed = false;
       if (this.speed === 0) {          // as recorded: follow the trace's own clock
         this.replayClock = (this.replayClock || this.state.time) + dt;
-        while (this.pos < this.records.length && this.records[this.pos].time <= this.replayClock) {
-          this.state.apply(this.records[this.pos++]);
+        while (this.playing && this.pos < this.records.length && this.records[this.pos].time <= this.replayClock) {
+          this.applyOne(this.records[this.pos++]);
           changed = true;
         }
       } else {
         this.credit = Math.min(this.credit + dt * this.speed, 1000);
-        while (this.credit >= 1 && this.pos < this.records.length) {
+        while (this.playing && this.credit >= 1 && this.pos < this.records.length) {
           const r = this.records[this.pos++];
-          this.state.apply(r);
+          this.applyOne(r);
           if (r.kind === 'step') this.credit -= 1;
           changed = true;
         }
       }
       if (this.pos >= this.records.length) this.playing = false;
-      if (changed) this.status();
+      if (changed && this.playing) this.status();
       return changed;
     }
   }

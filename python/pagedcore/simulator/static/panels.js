@@ -29,7 +29,7 @@
     const title = `seq ${sid} · ${s.request_id}\nnum_computed_tokens ${s.num_computed_tokens} / num_tokens ${s.num_tokens}` +
       ` (prompt ${s.num_prompt_tokens})\nblocks ${s.block_table.length}` + (s.num_preemptions ? `\npreempted ${s.num_preemptions}×` : '');
     return `<span class="${cls}" data-seq="${sid}" data-request="${esc(s.request_id)}" style="background:hsl(${h},70%,58%)" ` +
-      `title="${esc(title)}">${sid}<span class="bar" style="width:${(frac * 100).toFixed(0)}%"></span></span>`;
+      `title="${esc(title)}">${sid}${s.lora_name ? `<span class="lora" title="adapter">${esc(s.lora_name)}</span>` : ''}<span class="bar" style="width:${(frac * 100).toFixed(0)}%"></span></span>`;
   }
 
   function renderMetrics(el, state) {
@@ -75,7 +75,7 @@
     let html = `<div class="kv">${[kv('seq', sid), kv('request', esc(s.request_id)), kv('status', s.status),
       kv('num_prompt_tokens', s.num_prompt_tokens), kv('num_tokens', s.num_tokens),
       kv('num_computed_tokens', s.num_computed_tokens), kv('num_cached_tokens', s.num_cached_tokens),
-      kv('num_preemptions', s.num_preemptions)].join(' · ')}</div><div class="btable">`;
+      kv('num_preemptions', s.num_preemptions)].concat(optional(s).map(([k, v]) => kv(k, esc(v)))).join(' · ')}</div><div class="btable">`;
     s.block_table.forEach((b, i) => {
       const filled = Math.max(0, Math.min(bs, (onCpu ? s.num_tokens : s.num_computed_tokens) - i * bs));
       const ref = onCpu ? 1 : state.ref[b];
@@ -100,7 +100,7 @@
       add('', `step ${r.step}` + (r.timing ? ` · ${(r.timing.total * 1000).toFixed(1)} ms` : '') +
         ` · ${r.num_tokens} tokens (prefill ${r.num_prefill_tokens}, decode ${r.num_decode_tokens}) · ${r.num_seqs} seqs`);
     } else add('', 'between steps: requests ended (abort)');
-    const kinds = ['prefill', 'decode', 'recompute'];
+    const kinds = ['prefill', 'decode', 'recompute', 'verify (drafts)'];
     const chunks = (r.scheduled || []).filter((x) => x[3] !== 1);
     for (const [sid, n, c, k] of chunks.slice(0, 20)) add('', `SCHEDULE ${name(sid)}: ${kinds[k]} chunk of ${n} tokens [${c}, ${c + n})`);
     const decodes = (r.scheduled || []).filter((x) => x[3] === 1).length;
@@ -117,6 +117,10 @@
     list('swapped_in', 'SWAP_IN', ([c, g]) => `cpu${c}→B${g}`);
     list('forks', 'FORK', ([child, parent]) => `${name(parent)}→${child}`);
     list('rejected', 'REJECT', ([sid, n]) => `${name(sid)} (${n} prompt tokens)`, 'pre');
+    if (r.spec && r.spec.num_draft_tokens) {
+      add('hit', `SPEC_DECODE num_draft_tokens ${r.spec.num_draft_tokens}, num_accepted_tokens ${r.spec.num_accepted_tokens}: ` +
+        (r.spec.seqs || []).slice(0, 16).map(([sid, k, a]) => `${name(sid)} ${a}/${k}`).join(' '));
+    }
     for (const [sid, mode] of r.preempted || []) add('pre', `PREEMPT ${name(sid)} by ${mode}` + (mode === 'swap' ? ' (KV to CPU)' : ' (KV dropped, back to waiting)'));
     for (const f of (r.finished || []).slice(0, 20)) {
       add('fin', `FINISH ${name(f.seq_id)} ${f.request_id}: ${f.reason}, ${f.num_output_tokens} tokens` +
@@ -125,15 +129,24 @@
     el.innerHTML = lines.slice(0, MAX_LOG_LINES).join('');
   }
 
+  // Fields other features put on a sequence (adapters, beams, drafts): shown when the trace carries them.
+  const OPTIONAL_SEQ_FIELDS = ['lora_name', 'beam_width', 'n', 'num_draft_tokens', 'num_accepted_tokens', 'priority'];
+  function optional(s) { return OPTIONAL_SEQ_FIELDS.filter((k) => s[k] !== undefined && s[k] !== null).map((k) => [k, s[k]]); }
+
+  function renderExplain(el, state) {
+    el.innerHTML = PC.explain(state).map(([cls, text]) => `<div class="${cls}">${esc(text)}</div>`).join('');
+  }
+
   function renderConfig(el, cfg) {
     if (!cfg) { el.innerHTML = ''; return; }
     const keys = ['model', 'num_gpu_blocks', 'num_cpu_blocks', 'block_size', 'max_num_seqs', 'max_num_batched_tokens',
-      'max_model_len', 'enable_prefix_caching', 'enable_chunked_prefill', 'preemption_mode', 'policy'];
+      'max_model_len', 'enable_prefix_caching', 'enable_chunked_prefill', 'preemption_mode', 'policy',
+      'num_speculative_tokens', 'speculative_method', 'max_loras', 'tensor_parallel_size', 'pipeline_parallel_size'];
     el.innerHTML = keys.filter((k) => cfg[k] !== undefined && cfg[k] !== null).map((k) => {
       const v = k === 'model' ? String(cfg[k]).split('/').pop() : cfg[k];
       return `<span class="chip-config">${k} <b>${esc(v)}</b></span>`;
     }).join('');
   }
 
-  PC.panels = { renderQueues, renderMetrics, renderBlockTable, renderLog, renderConfig, esc };
+  PC.panels = { renderQueues, renderMetrics, renderBlockTable, renderLog, renderConfig, renderExplain, esc };
 })(window.PC);

@@ -32,6 +32,7 @@ window.PC = window.PC || {};
       this.requestNames = new Map();   // seq id -> request id, kept after the seq ends (for the log)
       for (const [sid, s] of this.seqs) this.requestNames.set(sid, s.request_id);
       this.last = null;                // the last record applied (the step log, the grid's highlights)
+      this.before = null;              // remember(last): the state it started from (explain.js)
       this.version = (this.version || 0) + 1;
     }
 
@@ -40,6 +41,7 @@ window.PC = window.PC || {};
       if (rec.kind === 'snapshot') { this.reset(rec); return true; }
       if (rec.kind !== 'step' && rec.kind !== 'sync') return false;
       if (rec.kind === 'step' && rec.step <= this.step) return false;
+      this.before = this.remember(rec);
       for (const [b, ref, owner, cached] of rec.blocks || []) {
         this.ref[b] = ref; this.owner[b] = owner; this.cached[b] = !!cached;
       }
@@ -48,9 +50,9 @@ window.PC = window.PC || {};
         if (s === null) this.seqs.delete(+k);
         else { this.seqs.set(+k, copySeq(s)); this.requestNames.set(+k, s.request_id); }
       }
-      for (const [sid, n, computed, , numTokens] of rec.scheduled || []) {
-        const s = this.seqs.get(sid);
-        if (s) { s.num_computed_tokens = computed + n; s.num_tokens = numTokens; }
+      for (const [sid, n, computed, , numTokens, computedAfter] of rec.scheduled || []) {
+        const s = this.seqs.get(sid);   // computedAfter: rejected drafts rolled the computed tokens back
+        if (s) { s.num_computed_tokens = computedAfter ?? computed + n; s.num_tokens = numTokens; }
       }
       for (const [k, delta] of Object.entries(rec.tables || {})) {
         const s = this.seqs.get(+k);
@@ -73,6 +75,23 @@ window.PC = window.PC || {};
       this.last = rec;
       this.version++;
       return true;
+    }
+
+    // What the step explanation compares against: the sequences the record touches and the waiting
+    // queue as they were before it (explain.js); primitive fields only, the record then mutates them.
+    remember(rec) {
+      const seqs = new Map(), ids = new Set();
+      for (const row of rec.scheduled || []) ids.add(row[0]);
+      for (const [sid] of rec.preempted || []) ids.add(sid);
+      for (const f of rec.finished || []) ids.add(f.seq_id);
+      for (const [, sid] of (rec.events && rec.events.freed) || []) ids.add(sid);
+      for (const sid of ids) {
+        const s = this.seqs.get(sid);
+        if (s) seqs.set(sid, { status: s.status, num_tokens: s.num_tokens, num_prompt_tokens: s.num_prompt_tokens,
+          num_computed_tokens: s.num_computed_tokens, num_blocks: s.block_table.length, request_id: s.request_id });
+      }
+      return { seqs, waiting: this.queues.waiting.slice(), running: this.queues.running.slice(),
+        swapped: this.queues.swapped.slice(), stats: this.stats };
     }
 
     blockState(b) {
@@ -110,6 +129,7 @@ window.PC = window.PC || {};
   function fromRecord(r) {
     let generated = 0;
     for (const row of r.scheduled || []) if (row[4] === row[2] + row[1] + 1) generated++;
+    if (r.spec) generated = r.spec.num_generated_tokens;    // drafts kept: up to k + 1 tokens per row
     return { step: r.step, time: r.time, prefill: r.num_prefill_tokens, decode: r.num_decode_tokens,
       seqs: r.num_seqs, kv: r.kv ? r.kv.usage : 0, preempted: (r.preempted || []).length,
       finished: (r.finished || []).length, dt: r.timing ? r.timing.total : null, generated };

@@ -1,0 +1,69 @@
+// The quantized weight formats' byte layouts: exactly ggml's (llama.cpp's GGUF files), so a loader
+// hands a tensor's bytes to the kernels untouched. Plain data only (structs and constants): this
+// header is included by units compiled for different instruction sets (see linear_kernel.h).
+//
+// A weight matrix W [N, K] is N rows, each K / kBlock* consecutive blocks along K. fp16 fields are
+// IEEE half precision stored as uint16_t. Dequantised weight j of a block (q: the stored integer):
+//   Q8_0  (32 weights):  d * q,  q int8
+//   Q4_0  (32 weights):  d * (q - 8),  q = qs[j] & 15 for j < 16, qs[j - 16] >> 4 after
+//   Q4_1  (32 weights):  d * q + m,  q as Q4_0
+//   Q4_K  (256 weights = 8 sub-blocks of 32): d * sc[s] * q - dmin * mn[s], q 4-bit, sc / mn 6-bit
+//         per sub-block s packed in `scales` (12 bytes); qs byte 32 c + l holds weight 64 c + l in its
+//         low nibble and weight 64 c + 32 + l in its high nibble
+//   Q5_K  (256): as Q4_K plus a fifth bit: bit s of qh[l] is the high bit of weight 32 s + l
+//   Q6_K  (256 = 16 sub-blocks of 16): d * sc[s] * (q - 32), q 6-bit: weight 128 h + 32 t + l
+//         (t = 0..3) takes its low 4 bits from ql[64 h + 32 (t & 1) + l] (low nibble for t < 2,
+//         high for t >= 2) and its top 2 bits from qh[32 h + l] >> 2 t; sc int8 per 16 weights
+//   INT8 per channel: W int8 [N, K] and one fp32 scale per row: w = scale[n] * q (not a block format)
+#pragma once
+
+#include <cstdint>
+
+namespace pagedcore {
+namespace kernels {
+
+constexpr int64_t kBlock32 = 32;    // Q8_0, Q4_0, Q4_1 block; the sub-block of the k-quants
+constexpr int64_t kBlockK = 256;    // the k-quants' super-block (Q8_K activations too)
+
+struct BlockQ8_0 {
+  uint16_t d;       // fp16 scale
+  int8_t qs[32];
+};
+struct BlockQ4_0 {
+  uint16_t d;       // fp16 scale
+  uint8_t qs[16];   // weights j (low nibble) and j + 16 (high nibble)
+};
+struct BlockQ4_1 {
+  uint16_t d;       // fp16 scale
+  uint16_t m;       // fp16 minimum (added)
+  uint8_t qs[16];
+};
+struct BlockQ4_K {
+  uint16_t d;          // fp16 super-block scale of the 6-bit sub-block scales
+  uint16_t dmin;       // fp16 super-block scale of the 6-bit sub-block minimums
+  uint8_t scales[12];  // 8 scales + 8 minimums, 6 bits each (see quant_linear_impl.h unpack_scales)
+  uint8_t qs[128];
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];      // the fifth bits
+  uint8_t qs[128];     // the low four bits, as Q4_K
+};
+struct BlockQ6_K {
+  uint8_t ql[128];     // low four bits
+  uint8_t qh[64];      // top two bits
+  int8_t scales[16];   // one per 16 weights
+  uint16_t d;          // fp16 super-block scale
+};
+
+static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
+static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
+static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
+static_assert(sizeof(BlockQ4_K) == 144, "ggml block_q4_K layout");
+static_assert(sizeof(BlockQ5_K) == 176, "ggml block_q5_K layout");
+static_assert(sizeof(BlockQ6_K) == 210, "ggml block_q6_K layout");
+
+}  // namespace kernels
+}  // namespace pagedcore

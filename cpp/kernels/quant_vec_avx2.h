@@ -1,0 +1,88 @@
+// The AVX2 integer-vector trait of the quantized linear kernels (interface: quant_vec_generic.h):
+// one 32-byte part per ymm register, int8 products with vpmaddubsw (unsigned x signed bytes ->
+// int16 pair sums) and vpmaddwd (int16 pairs -> int32, times 1 or the sub-block scales).
+#pragma once
+
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including quant_vec_avx2.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+struct QVecAvx2 {
+  static constexpr int S = 1;
+  static constexpr int kRegs = 16;
+  using V = __m256i;
+  using I = __m256i;
+  using F = __m256;
+  using SC = __m256i;  // int16 lanes: 8 per 16 bytes
+
+  static V load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static V load2(const void* p0, const void*) { return load(p0); }
+  static V nib16(const void* p0, const void*) {
+    const __m128i q = _mm_loadu_si128(static_cast<const __m128i*>(p0));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+  }
+  static V shr_and(V v, int s0, int, int mask) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s0)), _mm256_set1_epi8(static_cast<char>(mask)));
+  }
+  static V or_(V a, V b) { return _mm256_or_si256(a, b); }
+  static V shl4(V a) { return _mm256_slli_epi16(a, 4); }
+  static I dot(V u, V x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)); }
+  static I dot_signed(V w, V x) { return dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)); }
+  static SC scales(const int16_t* sc) { return _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])); }
+  static I dot_scaled(V u, V x, SC sc) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), sc); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I izero() { return _mm256_setzero_si256(); }
+  static int32_t hsum_i(I a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+  }
+
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F set1(float s) { return _mm256_set1_ps(s); }
+  static F set2(float s0, float) { return _mm256_set1_ps(s0); }
+  static F bcast2(const float* p) { return _mm256_broadcast_ss(p); }
+  static float hsum(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // 8 fp32 lanes for per-block scale arithmetic (quant_vec_generic.h).
+  using F8 = __m256;
+  static F8 set8(float s) { return _mm256_set1_ps(s); }
+  static F8 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static void store8(float* p, F8 a) { _mm256_storeu_ps(p, a); }
+  static F8 mul8(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
+  static F8 fmadd8(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum8(F8 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // One gather of the 8 dwords holding the fp16 values, their low halves packed, one conversion.
+  static F8 half8(const void* p, int stride) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    const __m256i g = _mm256_i32gather_epi32(static_cast<const int*>(p), idx, 1);
+    const __m256i lo = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(lo, _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+  static float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+};
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

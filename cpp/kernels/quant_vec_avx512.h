@@ -1,0 +1,108 @@
+// The AVX-512 integer-vector traits of the quantized linear kernels (interface: quant_vec_generic.h):
+// two 32-byte parts per zmm register.
+//   QVecAvx512<false>: AVX-512BW, vpmaddubsw + vpmaddwd as on AVX2 at twice the width.
+//   QVecAvx512<true>:  AVX512-VNNI, vpdpbusd (4 unsigned x signed byte products summed straight
+//                      into int32 lanes); sub-block scales by vpmulld.
+// AVX-512 has no vpsignb: signed weights become |w| with x negated under w's sign mask.
+#pragma once
+
+#ifndef PC_ISA_NAMESPACE
+#error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including quant_vec_avx512.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+template <bool kVnni>
+struct QVecAvx512 {
+  static constexpr int S = 2;
+  static constexpr int kRegs = 32;
+  using V = __m512i;
+  using I = __m512i;
+  using F = __m512;
+  using SC = __m512i;  // VNNI: int32 lanes, 4 per 16 bytes; BW: int16 lanes, 8 per 16 bytes
+
+  static __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+  static V load(const void* p) { return _mm512_loadu_si512(p); }
+  static V load2(const void* p0, const void* p1) {
+    return join(_mm256_loadu_si256(static_cast<const __m256i*>(p0)), _mm256_loadu_si256(static_cast<const __m256i*>(p1)));
+  }
+  static V nib16(const void* p0, const void* p1) {
+    const __m256i q = _mm256_set_m128i(_mm_loadu_si128(static_cast<const __m128i*>(p1)),
+                                       _mm_loadu_si128(static_cast<const __m128i*>(p0)));
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m512i v = join(_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
+    // 128-bit lanes [lo0, lo1, hi0, hi1] -> [lo0, hi0, lo1, hi1]
+    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+  }
+  static V shr_and(V v, int s0, int s1, int mask) {
+    const __m512i counts = join(_mm256_set1_epi16(static_cast<short>(s0)), _mm256_set1_epi16(static_cast<short>(s1)));
+    return _mm512_and_si512(_mm512_srlv_epi16(v, counts), _mm512_set1_epi8(static_cast<char>(mask)));
+  }
+  static V or_(V a, V b) { return _mm512_or_si512(a, b); }
+  static V shl4(V a) { return _mm512_slli_epi16(a, 4); }
+  static I dot(V u, V x) {
+    if (kVnni) return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1));
+  }
+  static I dot_signed(V w, V x) {
+    const __mmask64 negative = _mm512_movepi8_mask(w);
+    return dot(_mm512_abs_epi8(w), _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x));
+  }
+  // sc[0..3] spread over the four 16-byte groups: one 8-byte load and one lane permute.
+  static SC scales(const int16_t* sc) {
+    const __m128i four = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+    if (kVnni)
+      return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                      _mm512_castsi128_si512(_mm_cvtepi16_epi32(four)));
+    const __m512i idx = _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
+                                         0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0);
+    return _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(four));
+  }
+  static I dot_scaled(V u, V x, SC sc) {
+    if (kVnni) return _mm512_mullo_epi32(dot(u, x), sc);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), sc);
+  }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I izero() { return _mm512_setzero_si512(); }
+  static int32_t hsum_i(I a) { return _mm512_reduce_add_epi32(a); }
+
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F set1(float s) { return _mm512_set1_ps(s); }
+  static F set2(float s0, float s1) { return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1); }
+  static F bcast2(const float* p) { return _mm512_insertf32x8(_mm512_set1_ps(p[0]), _mm256_broadcast_ss(p + 1), 1); }
+  static float hsum(F a) { return _mm512_reduce_add_ps(a); }
+  // 8 fp32 lanes for per-block scale arithmetic (quant_vec_generic.h).
+  using F8 = __m256;
+  static F8 set8(float s) { return _mm256_set1_ps(s); }
+  static F8 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static void store8(float* p, F8 a) { _mm256_storeu_ps(p, a); }
+  static F8 mul8(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
+  static F8 fmadd8(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum8(F8 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // One gather of the 8 dwords holding the fp16 values, their low halves packed, one conversion.
+  static F8 half8(const void* p, int stride) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    const __m256i g = _mm256_i32gather_epi32(static_cast<const int*>(p), idx, 1);
+    const __m256i lo = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(lo, _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+  static float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+};
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,182 @@
+"""Linear layers whose weights stay quantized in memory: GGUF blocks as stored, or int8 per channel.
+
+The weight format is a property of each layer, not of the model: a GGUF file mixes block types
+(Q4_K_M keeps some layers' v / down projections in Q6_K), and a fused layer (qkv, gate_up) may get
+shards of different types. A layer therefore holds one or more *parts*, each a run of output rows
+in one format, and runs one QuantLinearKernel per part:
+
+    output rows  [0, q+k)            [q+k, q+k+v)        qkv_proj of a Q4_K_M layer
+    part          q4_k [q+k, 144*K/256] bytes   q6_k [v, 210*K/256] bytes
+
+Shards are loaded one at a time (in file order); a shard next to a part of the same format is
+appended to it, so a layer whose shards share one format (the usual case) is one part, one tensor
+(`layer.weight`), one kernel call per step.
+
+Formats: the GGUF block formats (rows of llama.cpp's blocks, uint8 [rows, row_bytes]), int8 per
+output channel (int8 [rows, in] + fp32 scales [rows], W8A8 with activations quantized per token by
+the kernel), and "float32" for a float tensor inside a quantized GGUF (llama.cpp writes F16/F32 for
+some small tensors). Activations are fp32. Every row count runs the kernel (ops/quant_linear.py):
+there is no dequantised copy of any weight, so there is no GEMM fallback to pick for large steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedcore.layers.linear import Linear, LinearMethod
+from pagedcore.layers.weights import CheckpointTensor, copy_weight
+
+INT8_PER_CHANNEL = "int8_per_channel"
+_DENSE_PART = "float32"  # a float tensor of a quantized file, kept fp32 and run by torch
+
+
+@dataclasses.dataclass
+class QuantPart:
+    """Output rows [row_start, row_start + num_rows) of a layer, all in one format."""
+
+    format: str  # a kernel format ("q4_1", ..., "int8_per_channel") or "float32"
+    row_start: int
+    num_rows: int
+    weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | fp32 [rows, in]
+    scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel only
+    kernels: dict = dataclasses.field(default_factory=dict)  # (silu_mul, x dtype) -> QuantLinearKernel
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + (0 if self.scales is None else self.scales.nbytes)
+
+
+class QuantLinearMethod(LinearMethod):
+    """Quantized weights, kept so. format "gguf": each checkpoint tensor keeps the block format it
+    comes in (GGUFWeight.block_format); "int8_per_channel": float checkpoint tensors are quantized
+    per output row at load (vLLM-style online quantization of a dense checkpoint)."""
+
+    def __init__(self, format: str, quantize_dense_to: str | None = None):
+        self.format = format
+        self.quantize_dense_to = quantize_dense_to  # None: a float tensor stays a float32 part
+
+    def create_weights(self, layer: Linear, bias: bool) -> None:
+        # The format of each row range is known only when its checkpoint tensor arrives; until then
+        # `weight` is an empty placeholder (named, so the model's load_weights finds the parameter).
+        layer.weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=torch.float32), requires_grad=False)
+                      if bias else None)  # [out], fp32 like the activations
+        layer.quant_parts = []  # list[QuantPart], sorted by row_start, covering the rows loaded so far
+
+    def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
+             rows: tuple[int, int] | None) -> None:
+        start, num_rows = rows if rows is not None else (0, layer.out_features)
+        if param_name == "bias":
+            if layer.bias is None:
+                raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
+                                 "check attention_bias in the config")
+            copy_weight(layer.bias.data.narrow(0, start, num_rows), loaded, name)
+            return
+        if param_name != "weight":
+            raise ValueError(f"checkpoint tensor {name!r}: a quantized linear layer ({self.format}) loads weight "
+                             f"and bias, not {param_name!r}; GPTQ/AWQ checkpoints are not supported")
+        if tuple(loaded.shape) != (num_rows, layer.in_features):
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}; the config implies "
+                             f"{(num_rows, layer.in_features)}")
+        _insert_part(layer, self._part(loaded, name, start, num_rows, layer.in_features))
+
+    def _part(self, loaded: CheckpointTensor, name: str, start: int, num_rows: int, in_features: int) -> QuantPart:
+        block_format = getattr(loaded, "block_format", None)
+        if block_format is not None:  # GGUF blocks, kept as stored
+            return QuantPart(block_format, start, num_rows, loaded.block_rows())
+        dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
+        copy_weight(dense, loaded, name)
+        if self.quantize_dense_to == INT8_PER_CHANNEL:
+            from pagedcore.ops.quant_linear import quantize_int8_per_channel
+
+            values, scales = quantize_int8_per_channel(dense)  # int8 [rows, in], fp32 [rows]
+            return QuantPart(INT8_PER_CHANNEL, start, num_rows, values.contiguous(), scales.contiguous())
+        return QuantPart(_DENSE_PART, start, num_rows, dense)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, layer.in_features)  # [num_rows, in]
+        parts = _loaded_parts(layer)
+        if len(parts) == 1:
+            y = _run_part(parts[0], layer, x2, silu_mul=False)
+        else:  # a layer of several formats: each part writes its columns
+            y = torch.empty(x2.shape[0], layer.out_features, dtype=layer.out_dtype or x.dtype)  # [num_rows, out]
+            for part in parts:
+                y[:, part.row_start:part.row_start + part.num_rows] = _run_part(part, layer, x2, silu_mul=False)
+        return y.view(*x.shape[:-1], layer.out_features)
+
+    def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        parts = _loaded_parts(layer)
+        if len(parts) == 1 and parts[0].format != _DENSE_PART:
+            return _run_part(parts[0], layer, x, silu_mul=True)  # SwiGLU in the kernel's epilogue
+        gate_up = self.apply(layer, x)  # [num_tokens, out]: gate and up in different formats
+        half = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+
+    def weight_bytes(self, layer: Linear) -> dict[str, int]:
+        """Resident bytes of the layer's weights by format (bias included, as float32)."""
+        counts: dict[str, int] = {}
+        for part in layer.quant_parts:
+            counts[part.format] = counts.get(part.format, 0) + part.nbytes
+        if layer.bias is not None:
+            counts["float32"] = counts.get("float32", 0) + layer.bias.nbytes
+        return counts
+
+    def formats(self, layer: Linear) -> list[str]:
+        return [part.format for part in layer.quant_parts]
+
+
+def _insert_part(layer: Linear, part: QuantPart) -> None:
+    """Adds a loaded shard and merges it with a touching neighbour of the same format, so a layer
+    of one format ends as one part; the single part's tensor becomes layer.weight."""
+    parts = sorted([*layer.quant_parts, part], key=lambda p: p.row_start)
+    merged: list[QuantPart] = []
+    for p in parts:
+        prev = merged[-1] if merged else None
+        if prev is not None and prev.format == p.format and prev.row_start + prev.num_rows == p.row_start:
+            scales = None if prev.scales is None else torch.cat([prev.scales, p.scales])
+            merged[-1] = QuantPart(p.format, prev.row_start, prev.num_rows + p.num_rows,
+                                   torch.cat([prev.weight, p.weight]), scales)
+        else:
+            merged.append(p)
+    layer.quant_parts = merged
+    # One format: the bytes are the layer's `weight` (state_dict and repr see them). Several: each
+    # part keeps its own tensor and `weight` stays empty (weight_bytes() counts the parts).
+    single = len(merged) == 1 and merged[0].num_rows == layer.out_features
+    layer.weight.data = merged[0].weight if single else torch.empty(0, dtype=torch.uint8)
+
+
+def _loaded_parts(layer: Linear) -> list[QuantPart]:
+    parts = layer.quant_parts
+    if sum(p.num_rows for p in parts) != layer.out_features:
+        raise RuntimeError(f"quantized linear layer ({layer.in_features} -> {layer.out_features}) has "
+                           f"{sum(p.num_rows for p in parts)} rows loaded; load the checkpoint first")
+    return parts
+
+
+def _run_part(part: QuantPart, layer: Linear, x: torch.Tensor, silu_mul: bool) -> torch.Tensor:
+    """x [num_rows, in] -> [num_rows, part rows] (or [num_rows, part rows / 2] with silu_mul)."""
+    bias = None if layer.bias is None else layer.bias.narrow(0, part.row_start, part.num_rows)  # [part rows]
+    if part.format == _DENSE_PART:
+        y = F.linear(x, part.weight, bias)
+        return y if layer.out_dtype is None else y.to(layer.out_dtype)
+    if x.shape[0] == 0:
+        return x.new_empty(0, part.num_rows // 2 if silu_mul else part.num_rows, dtype=layer.out_dtype or x.dtype)
+    key = (silu_mul, x.dtype)
+    kernel = part.kernels.get(key)
+    if kernel is None or not kernel.matches(part.weight):
+        from pagedcore.ops.quant_linear import QuantLinearKernel
+
+        kernel = part.kernels[key] = QuantLinearKernel(
+            part.weight, part.format, layer.in_features, bias, scales=part.scales, silu_mul=silu_mul,
+            x_dtype=x.dtype, out_dtype=None if silu_mul else layer.out_dtype)
+    return kernel(x if x.is_contiguous() else x.contiguous())
+
+
+QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {
+    "gguf": QuantLinearMethod("gguf"),
+    INT8_PER_CHANNEL: QuantLinearMethod(INT8_PER_CHANNEL, quantize_dense_to=INT8_PER_CHANNEL),
+}

