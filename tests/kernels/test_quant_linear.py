@@ -13,6 +13,8 @@ SKIPPED with the missing instruction-set flag in the reason.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -108,7 +110,7 @@ def sizes(fmt: str) -> tuple[int, int]:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("case", ["decode", "bias_bf16", "silu_mul", "prefill"])
 def test_quant_linear_matches_reference(fmt, isa, case):
-    rng = np.random.default_rng(hash((fmt, case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{fmt}/{case}".encode()))   # stable: str hash() is salted per process
     N, K = sizes(fmt)
     M = {"decode": 1, "bias_bf16": 5, "silu_mul": 7, "prefill": 70}[case]
     x_dtype = torch.bfloat16 if case in ("bias_bf16", "silu_mul") else torch.float32
@@ -145,7 +147,9 @@ def test_quant_linear_matches_reference(fmt, isa, case):
         bound = 0.5 * (d @ np.abs(w).T) * 1.001 + 2e-5 * scale + 1e-6
         assert (np.abs(y - plain) <= bound).all()
         rel = np.linalg.norm(y - plain) / np.linalg.norm(plain)
-        assert rel < (0.02 if fmt != INT8_FORMAT else 0.05), rel
+        # The sanity bound widens with the activation block: one int8 scale per 32 values, per 256
+        # (k-quants' Q8_K) or per row (int8_per_channel), so coarser steps in x.
+        assert rel < (0.05 if fmt == INT8_FORMAT else 0.035 if fmt.endswith("_k") else 0.02), rel
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -62,6 +62,21 @@ def _dtype_code(t: torch.Tensor, name: str) -> int:
     return dtype_code(t, name, CPU_DTYPE_CODES, "the linear kernels")
 
 
+def explain_bad_x(x, x_dtype: torch.dtype, K: int, kernel: str) -> None:
+    """Raises the error that says what is wrong with x for a kernel taking [num_rows, K] rows of
+    x_dtype with a unit last stride (called once the fast check has failed)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}; {kernel} runs on the CPU")
+    if x.dtype != x_dtype:
+        raise TypeError(f"x has dtype {x.dtype}; this layer's kernel takes {x_dtype} (x.to({x_dtype}))")
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected [num_rows, {K}] (flatten leading dims "
+                         f"with x.reshape(-1, {K}))")
+    raise ValueError(f"x must have a unit stride in its last dim (strides {x.stride()}); call x.contiguous()")
+
+
 class LinearKernel:
     """One layer's weight (and bias) bound to the kernel. Call with x [M, K] (2-D, last stride 1,
     dtype x_dtype, on the CPU); returns a new [M, N] tensor (silu_mul: [M, N // 2]) of out_dtype.
@@ -128,17 +143,7 @@ class LinearKernel:
         return out
 
     def _explain(self, x) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu":
-            raise ValueError(f"x is on {x.device}; the linear kernel runs on the CPU")
-        if x.dtype != self.x_dtype:
-            raise TypeError(f"x has dtype {x.dtype}; this layer's kernel takes {self.x_dtype} "
-                            f"(x.to({self.x_dtype}))")
-        if x.dim() != 2 or x.shape[1] != self.K:
-            raise ValueError(f"x has shape {tuple(x.shape)}; expected [num_rows, {self.K}] (flatten leading dims "
-                             f"with x.reshape(-1, {self.K}))")
-        raise ValueError(f"x must have a unit stride in its last dim (strides {x.stride()}); call x.contiguous()")
+        explain_bad_x(x, self.x_dtype, self.K, "the linear kernel")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,

@@ -16,6 +16,7 @@ import torch
 
 from pagedcore import _core
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES
+from pagedcore.ops.linear import explain_bad_x
 from pagedcore.ops.linear_isa import isa_code
 
 __all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "QuantLinearKernel", "block_size", "row_bytes",
@@ -144,13 +145,4 @@ class QuantLinearKernel:
         return out
 
     def _explain(self, x) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu":
-            raise ValueError(f"x is on {x.device}; the quantized linear kernel runs on the CPU")
-        if x.dtype != self.x_dtype:
-            raise TypeError(f"x has dtype {x.dtype}; this layer's kernel takes {self.x_dtype} (x.to({self.x_dtype}))")
-        if x.dim() != 2 or x.shape[1] != self.K:
-            raise ValueError(f"x has shape {tuple(x.shape)}; expected [num_rows, {self.K}] (flatten leading dims "
-                             f"with x.reshape(-1, {self.K}))")
-        raise ValueError(f"x must have a unit stride in its last dim (strides {x.stride()}); call x.contiguous()")
+        explain_bad_x(x, self.x_dtype, self.K, "the quantized linear kernel")
