@@ -58,7 +58,7 @@ def parse_memory_size(value: int | float | str) -> int | float:
 @dataclass
 class EngineConfig:
     model: str | None = None                 # HF folder or .gguf file; None = the bundled default
-    dtype: str = "auto"                      # weights, activations and KV cache: float32 | bfloat16 | auto
+    dtype: str = "float32"                   # weights, activations and KV cache: float32 | bfloat16 | auto
                                              # (auto: a GGUF keeps its blocks, fp32 activations; else float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
     block_size: int = 16                     # tokens per KV block

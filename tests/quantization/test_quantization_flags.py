@@ -86,7 +86,7 @@ def test_cli_defaults_and_errors(capsys, gguf_path):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args([]))
-    assert (config.dtype, config.quantization) == ("auto", None)
+    assert (config.dtype, config.quantization) == ("float32", None)   # auto is opt-in until it is faster
     config = engine_config_from_args(parser.parse_args(["-q", "int8_per_channel", "--dtype", "float32"]))
     assert (config.dtype, config.quantization) == ("float32", "int8_per_channel")
     assert main(["generate", "hi", "--model", gguf_path, "--quantization", "awq"]) == 2
