@@ -163,10 +163,10 @@ def test_a_fatal_fault_turns_health_503_and_exits_non_zero():
 @pytest.fixture(scope="module")
 def slow_server():
     # One sequence at a time and 16-token prefill chunks: a long prompt takes many steps to prefill.
-    # Each step also sleeps 50 ms, so that the prefill (~57 steps) outlasts the 2 s client timeout of
+    # Each step also sleeps 100 ms, so that the prefill (~57 steps) outlasts the 0.5 s client timeout of
     # the prefill test on any CPU (a quiet machine runs a 16-token step in a few ms).
     server = ServerProcess("--max-num-seqs", "1", "--max-num-batched-tokens", "16", "--no-enable-prefix-caching",
-                           env={"PAGEDCORE_FAULT_INJECTION": "delay:50"})
+                           env={"PAGEDCORE_FAULT_INJECTION": "delay:100"})
     try:
         server.wait_ready()
         yield server
@@ -199,8 +199,8 @@ def _request_in_thread(url: str, body: dict, cancel: threading.Event) -> threadi
 
 def test_vanishing_in_prefill_frees_the_blocks(slow_server):
     url = slow_server.url
-    with httpx.Client(timeout=2) as client:
-        with pytest.raises(httpx.ReadTimeout):   # hangs up after 2 s: mid-prefill (its response waits for a token)
+    with httpx.Client(timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):   # hangs up after 0.5 s: mid-prefill (its response waits for a token)
             client.post(url + "/v1/completions", json={"prompt": LONG_PROMPT, "max_tokens": 4, "stream": True})
     assert metric(url, "pagedcore:num_requests_running") in (0, 1)
     assert wait_until(lambda: _idle(url), timeout=60)
