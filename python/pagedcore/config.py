@@ -86,6 +86,13 @@ class EngineConfig:
     max_loras: int = 1                       # distinct adapters in one step (the weight slots)
     max_lora_rank: int = 16                  # the largest adapter rank accepted
     max_cpu_loras: int | None = None         # adapters kept loaded (an LRU); None = max_loras
+    # Parallelism (vLLM's names; docs/distributed.md). tensor x pipeline ranks run the model in worker
+    # processes (or Ray actors) driven by this engine's one scheduler; data-parallel replicas are whole
+    # engines behind one front end. All 1: the model runs in this process, as before.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # mp | ray; None = mp when a model needs more than one rank
 
     def __post_init__(self):
         def fail(field, allowed):
@@ -127,6 +134,12 @@ class EngineConfig:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 fail(field, "a positive integer")
+        for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                fail(field, "a positive integer")
+        if self.distributed_executor_backend not in (None, "mp", "ray"):
+            fail("distributed_executor_backend", "'mp' (local processes) or 'ray' (a Ray cluster)")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = self.max_loras
         elif isinstance(self.max_cpu_loras, bool) or not isinstance(self.max_cpu_loras, int) \

@@ -56,6 +56,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s config as JSON: \'{"method": "ngram", '
                         '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (docs/speculative-decoding.md)')
+    dist = parser.add_argument_group("parallelism (docs/distributed.md)")
+    dist.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                      help="ranks that split every layer (attention heads, MLP columns, vocabulary); one all-reduce "
+                           "after attention and after the MLP")
+    dist.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                      help="stages that each run a contiguous range of layers, micro-batches in flight")
+    dist.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                      help="whole engine replicas behind one endpoint; a request goes to the replica holding "
+                           "its longest cached prefix, else the least loaded")
+    dist.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
+                      help="mp: worker processes on this machine (default); ray: Ray actors on the Ray cluster "
+                           "this process joins (start it with `ray start --head`)")
     lora = parser.add_argument_group("LoRA adapters (docs/lora.md)")
     lora.add_argument("--enable-lora", action="store_true", help="serve PEFT LoRA adapters over the base model")
     lora.add_argument("--max-loras", type=int, default=1,
@@ -96,6 +108,10 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         enable_lora=getattr(args, "enable_lora", False), max_loras=getattr(args, "max_loras", 1),
         max_lora_rank=getattr(args, "max_lora_rank", 16), max_cpu_loras=getattr(args, "max_cpu_loras", None),
         gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
-        num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None))
+        num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        pipeline_parallel_size=getattr(args, "pipeline_parallel_size", 1),
+        data_parallel_size=getattr(args, "data_parallel_size", 1),
+        distributed_executor_backend=getattr(args, "distributed_executor_backend", None))
     fields.update(overrides)
     return EngineConfig(**fields)
