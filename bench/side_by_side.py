@@ -145,7 +145,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", nargs="+", default=["pagedcore", "hf", "vllm"],
                    choices=["pagedcore", "hf", "vllm", "llamacpp"])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "q4_1"],
+                   help="q4_1: pagedcore runs the GGUF's blocks as stored (--dtype auto), as llama.cpp does")
     p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
     p.add_argument("--workload", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads",
                                                    "workload_n128_seed0.json"))

@@ -14,7 +14,8 @@ def main():
     args = p.parse_args()
     t0 = time.perf_counter()
     from pagedcore import LLM, SamplingParams
-    llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+    # q4_1: the GGUF's blocks as stored (dtype "auto"), the format llama.cpp runs the file in.
+    llm = LLM(model=args.model, dtype="auto" if args.dtype == "q4_1" else args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
     startup = time.perf_counter() - t0
     run_offline_llm(llm, SamplingParams, args,

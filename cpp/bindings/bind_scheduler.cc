@@ -285,6 +285,17 @@ void bind_scheduler(py::module_& m) {
       .def("cancel_step", &Scheduler::cancel_step)
       .def_property_readonly("step_in_flight", &Scheduler::step_in_flight)
       .def("has_unfinished", &Scheduler::has_unfinished)
+      // Called by the data-parallel router from the server's event loop while the replica's engine
+      // thread drives this scheduler: safe because no method of this class releases the GIL, so the
+      // probe never runs inside a schedule() or update(). Keep it that way (or add a lock to both).
+      .def("num_cached_prefix_tokens",
+           [](const Scheduler& s, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& prompt,
+              uint64_t adapter_id, uint64_t cache_salt) {
+             return s.num_cached_prefix_tokens(to_tokens(prompt, "prompt_token_ids"), CacheKey{adapter_id, cache_salt});
+           },
+           py::arg("prompt_token_ids"), py::kw_only(), py::arg("adapter_id") = 0, py::arg("cache_salt") = 0,
+           "Prompt tokens (whole blocks, never the last token) this scheduler's prefix cache holds under "
+           "(adapter_id, cache_salt). Read-only: changes no block, queue or counter.")
       .def("get_sequence",
            [](const Scheduler& s, SeqId seq_id) -> py::object {
              const Sequence* seq = s.find(seq_id);

@@ -9,6 +9,7 @@
 
 namespace pagedcore::bindings {
 void bind_lora(py::module_& m);  // bind_lora.cc: the multi-LoRA kernel
+void bind_distributed(py::module_& m);  // bind_distributed.cc: shared-memory all-reduce and channel ring
 }
 
 PYBIND11_MODULE(_core, m) {
@@ -25,4 +26,5 @@ PYBIND11_MODULE(_core, m) {
   bindings::bind_norm(m);
   bindings::bind_decoder_stack(m);
   bindings::bind_lora(m);
+  bindings::bind_distributed(m);
 }

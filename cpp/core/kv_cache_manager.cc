@@ -44,6 +44,22 @@ std::vector<BlockId> KVCacheManager::find_cached_prefix(Sequence& seq) {
   return hits;
 }
 
+int KVCacheManager::num_cached_prefix_tokens(const std::vector<TokenId>& token_ids, const CacheKey& cache_key) const {
+  if (!gpu_pool_.prefix_caching() || token_ids.empty()) return 0;
+  // The same chain and cap as find_cached_prefix (the last token is always computed), hashed here
+  // rather than into a Sequence: nothing is stored.
+  const int max_blocks = (static_cast<int>(token_ids.size()) - 1) / block_size_;
+  uint64_t parent = kRootBlockHash;
+  int num_hit_blocks = 0;
+  for (; num_hit_blocks < max_blocks; ++num_hit_blocks) {
+    const TokenId* tokens = &token_ids[static_cast<size_t>(num_hit_blocks) * block_size_];
+    const uint64_t hash = hash_block_tokens(parent, tokens, block_size_, cache_key);
+    if (gpu_pool_.lookup(hash, parent, tokens, cache_key) == kNullBlock) break;
+    parent = hash;
+  }
+  return num_hit_blocks * block_size_;
+}
+
 bool KVCacheManager::admit(Sequence& seq, const std::vector<BlockId>& cached_prefix, int num_new_tokens) {
   const int num_hit_tokens = static_cast<int>(cached_prefix.size()) * block_size_;
   const int num_needed = blocks_for(num_hit_tokens + num_new_tokens);

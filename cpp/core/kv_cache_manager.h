@@ -31,6 +31,10 @@ class KVCacheManager {
   // tokens, so every position that yields a logits row is computed, and drafts are never hashed).
   // Changes nothing but seq.block_hashes.
   std::vector<BlockId> find_cached_prefix(Sequence& seq);
+  // Read-only: the leading tokens of `token_ids` (whole blocks, at most num_tokens - 1 tokens, as an
+  // admission would hit) whose blocks the prefix index holds under cache_key, free or in use. Changes
+  // nothing, not even the counters: the data-parallel router asks every replica before choosing one.
+  int num_cached_prefix_tokens(const std::vector<TokenId>& token_ids, const CacheKey& cache_key) const;
   // Admits a sequence with no blocks: takes the hit blocks, sets num_computed_tokens to the hit
   // length and allocates blocks for num_new_tokens after it. False, with nothing changed, when
   // the pool is short.

@@ -77,6 +77,13 @@ class Scheduler {
   void cancel_step();
   bool step_in_flight() const { return step_in_flight_; }
 
+  // Read-only prefix-cache probe for a prompt not (yet) added here: the leading tokens an admission
+  // would find cached under cache_key (KVCacheManager::num_cached_prefix_tokens). Not thread-safe
+  // against the mutating calls: the caller serialises (the Python binding holds the GIL throughout).
+  int num_cached_prefix_tokens(const std::vector<TokenId>& prompt_token_ids, const CacheKey& cache_key) const {
+    return kv_.num_cached_prefix_tokens(prompt_token_ids, cache_key);
+  }
+
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   const Sequence* find(SeqId seq_id) const;
   SchedulerStats stats() const;

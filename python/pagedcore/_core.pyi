@@ -1,7 +1,7 @@
 """Typed stub of the C++ extension pagedcore._core (block pool, scheduler, CPU kernels, CUDA kernels when built)."""
 
 import enum
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -179,6 +179,10 @@ class Scheduler:
     def cancel_step(self) -> None: ...
     step_in_flight: bool
     def has_unfinished(self) -> bool: ...
+    def num_cached_prefix_tokens(self, prompt_token_ids: Sequence[int] | npt.ArrayLike, *, adapter_id: int = 0,
+                                 cache_salt: int = 0) -> int:
+        """Prompt tokens (whole blocks, never the last) the prefix cache holds under (adapter_id, cache_salt);
+        read-only (the data-parallel router's probe; safe from another thread: no method releases the GIL)."""
     def get_sequence(self, seq_id: int) -> Optional[SequenceInfo]: ...
     def stats(self) -> SchedulerStats: ...
     def waiting_ids(self) -> list[int]: ...
@@ -300,3 +304,30 @@ class NcclCommunicator:
     rank: int
     device: int
     destroyed: bool
+
+# ---- shared-memory communication (cpp/distributed/; pagedcore.distributed.shm_* wrap these) ----
+def shm_unlink(name: str) -> bool: ...
+
+class ShmAllReduce:
+    """One rank's end of a shared-memory all-reduce group. PeerDiedError / TimeoutError from waits."""
+    @staticmethod
+    def create(name: str, world_size: int, slot_bytes: int) -> None: ...
+    def __init__(self, name: str, rank: int) -> None: ...
+    def all_reduce(self, data: int, count: int, dtype: int, timeout_s: float = -1.0,
+                   is_alive: Callable[[], bool] | None = None, spin_us: float = -1.0, isa: int = -1) -> None: ...
+    def close(self) -> None: ...
+    rank: int
+    world_size: int
+    slot_bytes: int
+
+class ShmRing:
+    """One end of a shared-memory ring (reader_index -1: the writer)."""
+    @staticmethod
+    def create(name: str, num_readers: int, capacity_bytes: int) -> None: ...
+    def __init__(self, name: str, reader_index: int) -> None: ...
+    def write(self, parts: list, timeout_s: float = -1.0, is_alive: Callable[[], bool] | None = None) -> None: ...
+    def read(self, timeout_s: float = -1.0, is_alive: Callable[[], bool] | None = None) -> bytearray: ...
+    def close(self) -> None: ...
+    is_writer: bool
+    num_readers: int
+    capacity: int

@@ -130,7 +130,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = until the model's max length
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     logprobs: int | None = None  # top-N logprobs per sampled position (plus the sampled token); None = off
-    prompt_logprobs: int | None = None  # the same for each prompt position; None = off
+    prompt_logprobs: int | None = None  # the same for each prompt position; -1 = whole vocabulary; None = off
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -167,9 +167,11 @@ class SamplingParams:
         _check_int("SamplingParams", "min_tokens", self.min_tokens, lo=0, allowed=">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail("min_tokens", self.min_tokens, f"<= max_tokens ({self.max_tokens})")
-        for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is not None:
-                _check_int("SamplingParams", name, getattr(self, name), lo=0, allowed="None (off) or >= 0")
+        if self.logprobs is not None:
+            _check_int("SamplingParams", "logprobs", self.logprobs, lo=0, allowed="None (off) or >= 0")
+        if self.prompt_logprobs is not None:   # vLLM's -1: the whole vocabulary (the engine resolves it)
+            _check_int("SamplingParams", "prompt_logprobs", self.prompt_logprobs, lo=-1,
+                       allowed="None (off), >= 0, or -1 (the whole vocabulary)")
         self._normalize_logit_bias()
         if self.stop and not self.detokenize:
             _fail("stop", self.stop, "empty when detokenize=False (stop strings are matched on the text)")

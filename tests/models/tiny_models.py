@@ -26,6 +26,20 @@ TINY_KINDS = {
     "qwen3": ("Qwen3Config", dict(head_dim=32, rope_theta=1e6, use_sliding_window=False)),
 }
 
+# Shapes that split awkwardly over TP=2 / PP=2 (tests/distributed), built by build_hf_model too.
+SHARD_KINDS = {
+    # 6 query / 3 KV heads: TP=2 gives KV heads {0, 1} with 4 query heads and {2} with 2 (uneven, as the
+    # default model's 9 / 3); q/k/v bias; odd intermediate (101 + 100 columns) and vocabulary (255 + 254
+    # rows), untied head; 3 layers (PP=2: 2 + 1)
+    "qwen2_uneven": ("Qwen2Config", dict(num_attention_heads=6, num_key_value_heads=3, hidden_size=96,
+                                         intermediate_size=201, vocab_size=509, rope_theta=1e6,
+                                         use_sliding_window=False)),
+    # 4 query / 1 KV head: TP=2 replicates the KV head on both ranks; qk-norm; tied embeddings (the
+    # vocab-parallel head is the embedding shard)
+    "qwen3_replicated": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                             tie_word_embeddings=True, rope_theta=1e6, use_sliding_window=False)),
+}
+
 
 def make_tokenizer():
     """A byte-level BPE of ~300 tokens trained on a sentence: enough for load_model's tokenizer."""
@@ -48,7 +62,7 @@ def build_hf_model(kind: str, seed: int = 0):
     """(HF model in fp32, eval mode) of the given kind, with every weight random."""
     import transformers
 
-    config_class, overrides = TINY_KINDS[kind]
+    config_class, overrides = {**TINY_KINDS, **SHARD_KINDS}[kind]
     config = getattr(transformers, config_class)(**{**_COMMON, **overrides})
     # HF initialises from the global generator: seed it for this build only, so building a model
     # (often lazily, inside a session fixture) does not reseed the tests that happen to run after it.

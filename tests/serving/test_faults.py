@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 import pytest
@@ -34,6 +35,17 @@ def test_the_hook_is_off_unless_asked(monkeypatch):
     injector.on_step()     # each fault fires once
     with pytest.raises(ValueError, match="step:N or fatal:N"):
         FaultInjector("boom:1")
+
+
+def test_the_delay_is_parsed_and_slows_every_step():
+    # A delay set before the fields were initialised used to be reset to 0: the entry did nothing.
+    assert FaultInjector("delay:40").delay_s == pytest.approx(0.04)
+    assert FaultInjector("step:3,delay:25").delay_s == pytest.approx(0.025)
+    injector = FaultInjector("delay:30")
+    start = time.perf_counter()
+    for _ in range(5):
+        injector.on_step()
+    assert time.perf_counter() - start >= 5 * 0.030   # a bound the hook guarantees, not a speed figure
 
 
 # -- in process, on an engine that runs one sequence at a time (so others wait) ---------------------
@@ -195,6 +207,16 @@ def _request_in_thread(url: str, body: dict, cancel: threading.Event) -> threadi
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def test_the_delay_applies_to_every_step_of_a_served_request(slow_server):
+    # 900 prompt tokens in 16-token chunks: 57 prefill steps, then the decode steps; each sleeps 100 ms.
+    start = time.perf_counter()
+    r = httpx.post(slow_server.url + "/v1/completions", json={"prompt": LONG_PROMPT, "max_tokens": 2,
+                                                             "ignore_eos": True}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert time.perf_counter() - start >= (57 + 1) * 0.100
+    assert wait_until(lambda: _idle(slow_server.url), timeout=60)
 
 
 def test_vanishing_in_prefill_frees_the_blocks(slow_server):

@@ -44,3 +44,33 @@ def oracle(monkeypatch):
         monkeypatch.setattr("pagedcore.spec_decode.speculator.propose_ngram", proposer)
         return proposer
     return install
+
+
+def _noisy_copy(hf_model, scale: float, seed: int):
+    """The target's weights with Gaussian noise (scale x each tensor's std): a draft that agrees with
+    the target often but not always."""
+    import copy
+
+    import torch
+
+    draft = copy.deepcopy(hf_model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+    return draft
+
+
+@pytest.fixture(scope="session")
+def draft_folders(tiny_llama, tmp_path_factory):
+    """HF folders of draft models for the tiny target (all with its 512-token vocabulary):
+    "self" (the target itself), "noisy" (its weights + noise: partial acceptance), "random" (an
+    unrelated random Qwen3: other head_dim and KV heads, so its cache has its own shape)."""
+    from tests.models import tiny_models
+
+    hf_model, folder = tiny_llama
+    noisy = tiny_models.save_hf_folder(_noisy_copy(hf_model, 0.02, seed=11), tmp_path_factory.mktemp("draft_noisy"))
+    other = tiny_models.save_hf_folder(tiny_models.build_hf_model("qwen3", seed=3),
+                                       tmp_path_factory.mktemp("draft_random"))
+    return {"self": folder, "noisy": noisy, "random": other}

@@ -42,3 +42,19 @@ def test_latency_side_by_side_on_a_tiny_model(tiny_llama):
     text = format_grounded({"setup": {"dtype": "float32", "model": "tiny"}, "machine": machine.cpu_info(), "load_average": [1.0],
                             "workload_file": "x.json", "grounded": result})
     assert "speed-up" in text
+
+
+def test_latency_side_by_side_with_draft_methods(tiny_llama):
+    """bench latency's off/on alternation with a draft model (the target as its own draft: every draft
+    accepted, even though the "off" runs leave prefix-cached blocks without the draft's KV) and layer_skip."""
+    _, folder = tiny_llama
+    prompt = list(range(20, 60)) * 2
+    requests = [BenchRequest(prompt, 24), BenchRequest(prompt[5:], 16)]
+    for spec in ({"method": "draft_model", "model": folder, "num_speculative_tokens": 3},
+                 {"method": "layer_skip", "num_layers": 2, "num_speculative_tokens": 3}):
+        engine = LLMEngine(EngineConfig(model=folder, max_model_len=256, speculative_config=spec))
+        result = grounded_decode(engine, requests)
+        assert result["off"]["decode_tokens"] == result["on"]["decode_tokens"] == 23 + 15
+        assert result["acceptance"]["num_draft_tokens"] > 0
+        if spec["method"] == "draft_model":
+            assert result["acceptance"]["acceptance_rate"] == 1.0

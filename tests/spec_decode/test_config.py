@@ -21,10 +21,15 @@ def test_dict_and_json_give_the_same_config():
 
 
 @pytest.mark.parametrize("value,match", [
-    ({"method": "medusa2"}, "speculative_config.method must be one of 'ngram'"),
-    ({"method": "draft_model", "model": "x"}, "unknown field"),
-    ({"method": "draft_model"}, "'draft_model' is not implemented"),
-    ({"method": "layer_skip"}, "'layer_skip' is not implemented"),
+    ({"method": "medusa2"}, "speculative_config.method must be one of 'ngram', 'draft_model', 'layer_skip'"),
+    ({"method": "eagle"}, "'eagle' is not implemented"),
+    ({"method": "draft_model", "draft": "x"}, "unknown field"),
+    ({"method": "draft_model"}, r"speculative_config.model must be the draft model's HF folder or .gguf file"),
+    ({"method": "ngram", "model": "x"}, "speculative_config.model must be None with method 'ngram'"),
+    ({"method": "layer_skip"}, r"speculative_config.num_layers must be an integer >= 1"),
+    ({"method": "layer_skip", "num_layers": 0}, r"num_layers must be an integer >= 1"),
+    ({"method": "ngram", "num_layers": 2}, "num_layers must be None unless method is \"layer_skip\""),
+    ({"method": "ngram", "quantization": "gguf"}, "quantization must be None unless method is \"draft_model\""),
     ({"num_speculative_tokens": 2}, 'needs "method"'),
     ({"method": "ngram", "num_speculative_tokens": 0}, r"num_speculative_tokens must be an integer in \[1, 16\]"),
     ({"method": "ngram", "num_speculative_tokens": 17}, r"in \[1, 16\]"),

@@ -1,4 +1,4 @@
-"""`pagedcore bench {throughput,latency,serve,roofline}`: registered by pagedcore.cli when present.
+"""`pagedcore bench {throughput,latency,serve,roofline,allreduce,...}`: registered by pagedcore.cli when present.
 
 Only argparse lives here: each command's module (and torch with it) is imported when the command
 runs, so registering `bench` costs the other `pagedcore` commands nothing.
@@ -127,6 +127,17 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory", default="1GiB", help="KV cache size")
     p.add_argument("--output-json", default=None, help="write the result here")
     p.set_defaults(func=_command("perplexity", "cmd_perplexity"))
+
+    p = sub.add_parser("allreduce", help="tensor-parallel all-reduce latency: shared memory vs gloo, fp32 and bf16")
+    p.add_argument("--hidden-size", type=int, default=576, help="columns (default: the bundled model's hidden size)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 512], help="num_tokens values to time")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--backends", nargs="+", default=["shm", "gloo"], choices=["shm", "gloo"])
+    p.add_argument("--world-size", type=int, default=2, help="rank processes")
+    p.add_argument("--iters", type=int, default=500, help="timed calls per figure (median and p90 reported)")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls first")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    p.set_defaults(func=_command("allreduce", "cmd_allreduce"))
 
     importlib.import_module("pagedcore.benchmarks.soak").add_soak_parser(sub)
     return bench

@@ -112,6 +112,10 @@ def grounded_decode(engine, requests) -> dict:
 
 
 def cmd_latency(args) -> int:
+    if getattr(args, "tensor_parallel_size", 1) * getattr(args, "pipeline_parallel_size", 1) > 1:
+        from pagedcore.benchmarks.parallel_latency import cmd_parallel_latency   # against one process
+
+        return cmd_parallel_latency(args)
     engine, setup = build_engine(args)
     mc = engine.view.model_config
     rng = np.random.default_rng(args.seed_workload)

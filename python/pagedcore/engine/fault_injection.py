@@ -5,8 +5,9 @@ Off unless PAGEDCORE_FAULT_INJECTION is set when the engine is built (never set 
               forward and before any token is sampled: the requests of that step fail, the engine goes on
     fatal:N   the N-th step raises InjectedFatalFault, marked `engine_unusable`: the server reports 503,
               fails every request and exits non-zero
-    delay:MS  every step sleeps MS milliseconds (a slow model on a fast machine: tests that hang up
-              mid-prefill need the prefill to last longer than their client's timeout, whatever the CPU)
+    delay:MS  every step the engine runs sleeps MS milliseconds, after its forward (a slow model on a
+              fast machine: tests that hang up mid-prefill need the prefill to last longer than their
+              client's timeout, whatever the CPU)
 Several comma-separated entries are allowed ("step:2,step:5").
 """
 
@@ -34,6 +35,9 @@ _KINDS = {"step": InjectedStepFault, "fatal": InjectedFatalFault}
 class FaultInjector:
     def __init__(self, spec: str | None):
         self.faults: dict[int, type[RuntimeError]] = {}   # step number -> what it raises
+        # Set before the entries are read: a delay:MS entry below sets it (set after, it was lost).
+        self.num_steps = 0
+        self.delay_s = 0.0
         for entry in filter(None, (part.strip() for part in (spec or "").split(","))):
             kind, _, number = entry.partition(":")
             if kind == "delay" and number.isdigit():
@@ -43,8 +47,6 @@ class FaultInjector:
                 raise ValueError(f"{ENV_VAR}={spec!r}: each entry must be step:N or fatal:N with N >= 1, or delay:MS, "
                                  f"got {entry!r}")
             self.faults[int(number)] = _KINDS[kind]
-        self.num_steps = 0
-        self.delay_s = 0.0
 
     @classmethod
     def from_env(cls) -> FaultInjector | None:

@@ -8,6 +8,7 @@ onto that thread).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -18,6 +19,7 @@ import torch
 
 from pagedcore import _core
 from pagedcore.config import EngineConfig
+from pagedcore.distributed.parallel_config import executor_backend, machine_kv_cache_spec, parallel_layout
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.beam_search import BeamSearch
 from pagedcore.engine.fault_injection import FaultInjector
@@ -25,11 +27,13 @@ from pagedcore.engine.output_processor import OutputProcessor
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
 from pagedcore.engine.step_input import StepInput
+from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
+from pagedcore.spec_decode import draft_setup
 from pagedcore.spec_decode.speculator import Speculator
 from pagedcore.spec_decode.stats import step_record as spec_step_record
 from pagedcore.structured_output.compiler import GrammarCache
@@ -44,10 +48,24 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # the generator of every unseeded sampling row
         t0 = time.perf_counter()
-        if loaded is None:
+        executor = None   # tp * pp > 1 (or an explicit backend): the model runs in worker ranks (distributed/)
+        if executor_backend(config) is not None:
+            if loaded is not None:
+                raise ValueError("a model loaded in this process runs here: pass loaded=None (the ranks load "
+                                 "their shards) or use tensor_parallel_size = pipeline_parallel_size = 1")
+            loaded, executor = _start_executor(config)
+        elif loaded is None:
             from pagedcore.loader import load_model
 
             loaded = load_model(config.model, dtype=config.dtype, quantization=config.quantization)
+        try:
+            self._init(config, loaded, executor, t0)
+        except BaseException:
+            if executor is not None:
+                executor.shutdown()
+            raise
+
+    def _init(self, config: EngineConfig, loaded, executor, t0: float) -> None:
         self.loaded = loaded
         self.model_config = mc = loaded.config
         config.resolve_dtype(mc.dtype)  # "auto" -> the model's activation (and KV cache) dtype
@@ -57,8 +75,17 @@ class LLMEngine:
 
         spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)
         on_gpu = torch.device(config.device).type == "cuda"
-        self.worker = worker = InProcessWorker(loaded.model, config.device)
-        worker.load_model()
+        if executor is not None:
+            # One block id costs every rank its shard of the block: size the pool by the machine's bytes.
+            spec = machine_kv_cache_spec(mc, parallel_layout(config), config.block_size, config.dtype)
+            t_weights = time.perf_counter()
+            executor.load_model()
+            loaded.load_seconds["weights"] = time.perf_counter() - t_weights
+        self.worker = worker = executor or InProcessWorker(loaded.model, config.device)
+        if executor is None:
+            worker.load_model()
+        # Speculation's draft_model / layer_skip draft (None otherwise): its KV shares the block ids.
+        self.draft = draft_setup.build_draft(config, loaded, spec, in_process=executor is None)
         budget = None
         if config.num_gpu_blocks_override:
             num_blocks = config.num_gpu_blocks_override
@@ -67,9 +94,11 @@ class LLMEngine:
             profile = worker.profile_memory(spec, shape)
             budget = kvc.gpu_kv_cache_budget(config, profile.total_bytes, profile.peak_bytes, shape)
         else:
-            budget = kvc.cpu_kv_cache_budget(config, spec)
+            budget = (kvc.cpu_kv_cache_budget(config, spec) if self.draft is None
+                      else draft_setup.cpu_kv_cache_budget(config, self.draft, spec))
         if budget is not None:
-            num_blocks = kvc.num_blocks_for(spec, budget)
+            num_blocks = (kvc.num_blocks_for(spec, budget) if self.draft is None
+                          else draft_setup.num_blocks_for(self.draft, spec, budget))
             if num_blocks * config.block_size < config.max_model_len:
                 raise ValueError(
                     f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len "
@@ -77,12 +106,17 @@ class LLMEngine:
         num_cpu_blocks = 0
         if config.preemption_mode == "swap":
             swap = kvc.parse_memory_size(config.swap_space)
-            num_cpu_blocks = kvc.num_blocks_for(spec, int(swap * kvc.available_memory_bytes())
-                                                if isinstance(swap, float) else swap)
+            swap_bytes = int(swap * kvc.available_memory_bytes()) if isinstance(swap, float) else swap
+            num_cpu_blocks = (kvc.num_blocks_for(spec, swap_bytes) if self.draft is None
+                              else draft_setup.num_cpu_blocks_for(self.draft, spec, swap_bytes))
         self.kv_cache_spec = spec
         self.kv_cache_description = kvc.describe(spec, num_blocks, budget)
+        if self.draft is not None:
+            self.kv_cache_description += "; " + self.draft.describe(num_blocks)
         logger.info(self.kv_cache_description)
-        worker.init_kv_cache(spec, num_blocks, num_cpu_blocks)
+        worker.init_kv_cache(spec, num_blocks + (self.draft.extra_target_blocks if self.draft else 0), num_cpu_blocks)
+        if executor is not None:
+            loaded.weight_bytes = {loaded.weight_format: executor.memory_report().weight_bytes}
 
         self.scheduler = _core.Scheduler(_core.SchedulerConfig(
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
@@ -112,16 +146,32 @@ class LLMEngine:
         self.step_listeners = []      # callables(out, result, timing) after each step (tracer, probes)
         self.last_step_timing: dict | None = None
         self.fault_injector = FaultInjector.from_env()   # a test hook; None unless PAGEDCORE_FAULT_INJECTION
+        # Threads sized to the cores other processes leave free (engine/thread_team.py); None: off.
+        self.thread_team = make_thread_team(config.device, config.num_threads) if executor is None else None
         self.speculator = None   # speculative decoding (spec_decode/): drafts proposed after each step
         if config.speculative_config is not None:
+            if self.draft is not None:
+                self.draft.bind(worker.runner.kv_cache, num_blocks, num_cpu_blocks, self.scheduler)
             self.speculator = Speculator(config.speculative_config, self.scheduler, self.output_processor,
-                                         config.max_model_len, config.max_num_batched_tokens)
+                                         config.max_model_len, config.max_num_batched_tokens, draft=self.draft)
         # Beam-search requests (BeamSearchParams): decided per step over their beams' logits rows.
         self.beam_search = BeamSearch(self.registry, self.scheduler, self.tokenizer, self.eos_token_ids,
                                       mc.vocab_size, config.max_num_seqs, config.max_model_len,
                                       speculative=self.speculator is not None)
         self.view = EngineView(self)
         self.startup_seconds = time.perf_counter() - t0
+
+    def shutdown(self) -> None:
+        """Stops the worker ranks of a parallel model (nothing to do in one process). Idempotent."""
+        shutdown = getattr(self.worker, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def check_health(self) -> None:
+        """Raises (WorkerDiedError) if a worker rank of a parallel model is gone; cheap (no step runs)."""
+        check = getattr(self.worker, "check_health", None)
+        if check is not None:
+            check()
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
@@ -147,6 +197,8 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if params.prompt_logprobs == -1:   # vLLM's "the whole vocabulary"; a copy: params may be shared
+            params = dataclasses.replace(params, prompt_logprobs=vocab)
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(params, name)
             if n is not None and n > self.config.max_logprobs:
@@ -211,12 +263,17 @@ class LLMEngine:
             raise
 
     def _step(self) -> list[RequestOutput]:
+        if self.thread_team is not None:
+            self.thread_team.on_step()
         t_start = time.perf_counter()
         out = self.scheduler.schedule()
         self.output_processor.mark_scheduled(out, time.time())
         t_scheduled = time.perf_counter()
         extra_rows = self.output_processor.prompt_logprob_rows(out)
-        logits = self.worker.execute_step(StepInput.from_scheduler_output(out, extra_rows))
+        step_input = StepInput.from_scheduler_output(out, extra_rows)
+        logits = self.worker.execute_step(step_input)
+        if self.speculator is not None:
+            self.speculator.observe_step(step_input, out)   # a draft model runs the same rows (no logits)
         if self.fault_injector is not None:
             self.fault_injector.on_step()
         t_forward = time.perf_counter()
@@ -265,3 +322,16 @@ class LLMEngine:
         for listener in self.step_listeners:
             listener(out, result, self.last_step_timing)
         return outputs
+
+
+def _start_executor(config: EngineConfig):
+    """The driver of a parallel model: config and tokenizer only (no weights), every start-up check
+    that can fail before a weight loads, then the ranks. Returns (LoadedModel without a model, executor)."""
+    from pagedcore.distributed.executor import make_executor
+    from pagedcore.distributed.model_metadata import load_model_metadata
+    from pagedcore.distributed.parallel_config import check_parallel_config
+
+    loaded, _ = load_model_metadata(config.model, dtype=config.dtype, quantization=config.quantization)
+    check_parallel_config(config, loaded.config)
+    # Spawned before config.dtype resolves: the ranks' loaders read --dtype as given ("auto" keeps GGUF blocks).
+    return loaded, make_executor(config, loaded.config)

@@ -61,7 +61,10 @@ class EngineView:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self._engine.worker.model.parameters())
+        worker = self._engine.worker
+        if hasattr(worker, "num_parameters"):   # an Executor: summed over its ranks' shards
+            return worker.num_parameters
+        return sum(p.numel() for p in worker.model.parameters())
 
     @property
     def startup_seconds(self) -> float:

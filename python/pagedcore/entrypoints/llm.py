@@ -16,6 +16,15 @@ from pagedcore.sampling_params import BeamSearchParams, SamplingParams
 PromptType = str | Sequence[int] | dict[str, Any]
 
 
+def _make_engine(config: EngineConfig):
+    """An LLMEngine, or with data_parallel_size > 1 the replicas behind the same calls (distributed/dp_offline.py)."""
+    if config.data_parallel_size > 1:
+        from pagedcore.distributed.dp_offline import DPLLMEngine
+
+        return DPLLMEngine(config)
+    return LLMEngine(config)
+
+
 class LLM:
     """An engine for offline batched generation.
 
@@ -25,18 +34,29 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_options):
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_options))
+        self.llm_engine = _make_engine(EngineConfig(model=model, **engine_options))
         self._request_ids = itertools.count()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
-        llm.llm_engine = LLMEngine(config)
+        llm.llm_engine = _make_engine(config)
         llm._request_ids = itertools.count()
         return llm
 
     def get_tokenizer(self):
         return self.llm_engine.view.tokenizer
+
+    def shutdown(self) -> None:
+        """Stops the worker ranks of a parallel model (tensor_parallel_size / pipeline_parallel_size > 1).
+        They also stop when the LLM is garbage-collected or the interpreter exits. Idempotent."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(self, prompts: PromptType | Sequence[PromptType] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

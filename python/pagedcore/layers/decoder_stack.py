@@ -21,7 +21,7 @@ import torch
 
 from pagedcore.layers.attention import Attention, AttentionMetadata
 from pagedcore.layers.layernorm import RMSNorm
-from pagedcore.layers.linear import Linear, MergedLinear
+from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
 from pagedcore.ops.linear import max_rows
 
@@ -56,6 +56,9 @@ _LAYER_PARAMS = {
 }
 _LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 _NORM_LEAVES = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+# Why a tensor-parallel shard runs the layer loop: the stack runs every layer in one call, but each
+# layer's o_proj and down_proj outputs must be summed over the ranks before the next op.
+TENSOR_PARALLEL_REASON = "tensor parallel: the all-reduce sits between layers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,7 @@ def decoder_stack_support(config, layers) -> StackSupport:
     """Can DecoderStack run these layers (the Llama family's decoder layers, `config` a ModelConfig)
     exactly as their Python forward does? Rules, in order:
       switch      PAGEDCORE_DECODER_STACK is not "0"
+      parallel    no tensor-parallel layer (RowParallelLinear: an all-reduce inside the layer)
       model       an architecture in STACK_ARCHITECTURES; fp32 or bf16; one layer per config layer
       modules     each layer's leaf modules are exactly the known ones, of exactly their classes
                   (RMSNorm, Linear, MergedLinear, Attention), q_norm and k_norm both or neither:
@@ -81,6 +85,8 @@ def decoder_stack_support(config, layers) -> StackSupport:
     """
     if os.environ.get("PAGEDCORE_DECODER_STACK", "1") == "0":
         return StackSupport(False, "turned off by PAGEDCORE_DECODER_STACK=0")
+    if any(isinstance(module, RowParallelLinear) for layer in layers for module in layer.modules()):
+        return StackSupport(False, TENSOR_PARALLEL_REASON)
     if config.architecture not in STACK_ARCHITECTURES:
         return StackSupport(False, f"architecture {config.architecture} is not one the stack runs "
                                    f"({sorted(STACK_ARCHITECTURES)})")

@@ -74,3 +74,34 @@ class VocabEmbedding(nn.Module):
     def weight_bytes(self) -> dict[str, int]:
         """Resident bytes of the table by format."""
         return {self.block_format or str(self.weight.dtype).removeprefix("torch."): self.weight.nbytes}
+
+
+class VocabParallelEmbedding(VocabEmbedding):
+    """This tensor-parallel rank's rows [vocab_start, vocab_end) of the table (dense only). A lookup
+    finds the tokens in its range, zeroes the others' rows, and one all_reduce adds the ranks'
+    results: each token's row comes from exactly one rank, plus zeros, so the sum is exact. As the
+    tied LM head it gives the logits of its vocabulary columns only (the driver joins the slices)."""
+
+    def __init__(self, vocab_start: int, vocab_end: int, hidden_size: int, dtype: torch.dtype, comm):
+        super().__init__(vocab_end - vocab_start, hidden_size, dtype)
+        self.vocab_start = vocab_start
+        self.vocab_end = vocab_end
+        self.comm = comm  # distributed.communicator.Communicator of this stage's tensor-parallel group
+
+    def load_weight(self, param_name: str, loaded: CheckpointTensor, name: str) -> None:
+        if getattr(loaded, "block_format", None) is not None:
+            raise ValueError(f"checkpoint tensor {name!r}: tensor parallelism shards dense tables only; "
+                             "load the model with --dtype float32|bfloat16")
+        copy_weight(self.weight.data, loaded, name)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids int64 [num_tokens] (global ids) -> [num_tokens, hidden], summed over the ranks."""
+        local_ids = input_ids - self.vocab_start  # [num_tokens]
+        outside = (local_ids < 0) | (local_ids >= self.vocab_size)  # bool [num_tokens]: another rank's
+        hidden = F.embedding(local_ids.masked_fill_(outside, 0), self.weight)  # [num_tokens, hidden]
+        hidden.masked_fill_(outside.unsqueeze(1), 0)
+        self.comm.all_reduce(hidden)
+        return hidden
+
+    def extra_repr(self) -> str:
+        return f"vocab=[{self.vocab_start}, {self.vocab_end}), hidden={self.hidden_size}"

@@ -245,6 +245,28 @@ class MergedLinear(Linear):
         self.method.load(self, param_name, loaded, name, self.shard_rows[shard_id])
 
 
+class RowParallelLinear(Linear):
+    """A linear whose input features are split over the tensor-parallel ranks (o_proj, down_proj):
+    each rank holds W's columns of its slice, computes the partial product x_r @ W_r.T, and one
+    all_reduce sums the partials, so every rank leaves with the full y. No bias: each rank would add
+    it (the Llama family has none there). Column-parallel layers need no class: a MergedLinear built
+    with this rank's sizes, filled with its rows (distributed/shard_weights.py).
+
+    Partials of a bf16 model are kept and summed in fp32 and rounded to bf16 once, after the sum, as
+    one process's GEMM rounds its fp32 accumulator once; summing bf16 partials would round twice."""
+
+    def __init__(self, in_features: int, out_features: int, method: LinearMethod, comm):
+        dtype = getattr(method, "dtype", torch.float32)
+        super().__init__(in_features, out_features, bias=False, method=method,
+                         out_dtype=torch.float32 if dtype is not torch.float32 else None)
+        self.comm = comm  # distributed.communicator.Communicator of this stage's tensor-parallel group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)  # [..., out], this rank's partial sum (a new contiguous tensor; fp32)
+        self.comm.all_reduce(y)
+        return y if y.dtype is x.dtype else y.to(x.dtype)
+
+
 from pagedcore.layers.linear_quant import QUANT_LINEAR_METHODS  # noqa: E402 (it subclasses LinearMethod above)
 
 LINEAR_METHODS.update(QUANT_LINEAR_METHODS)

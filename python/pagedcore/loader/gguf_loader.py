@@ -154,6 +154,25 @@ class GGUFWeight:
             tensor = _unpermute_rows(tensor, self._permuted_heads)
         out.copy_(tensor)
 
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        """Rows [start, start + length) along dim of the dequantised tensor, rows in HF order: a
+        tensor-parallel rank's part. Blocks pack along the input dim (dim 1): a dim-0 cut decodes only
+        its rows (whole heads of a permuted Q/K: the permutation stays inside a head); a dim-1 cut
+        decodes the whole tensor (one fp32 temporary, kept by the slice until it is copied)."""
+        head_rows = self.shape[0] // self._permuted_heads if self._permuted_heads else 1
+        if dim == 0 and start % head_rows == 0 and length % head_rows == 0:
+            nbytes = row_bytes(self._info.ggml_type, self.shape[-1]) if len(self.shape) > 1 else None
+            if nbytes is not None:
+                rows = self._gguf.raw(self._info).view(self.shape[0], nbytes)[start:start + length]  # uint8
+                tensor = dequantize(rows.reshape(-1), self._info.ggml_type, (length, *self.shape[1:]))
+                if self._permuted_heads is not None:
+                    tensor = _unpermute_rows(tensor, length // head_rows)
+                return tensor
+        tensor = dequantize(self._gguf.raw(self._info), self._info.ggml_type, self.shape)  # fp32 [out, in]
+        if self._permuted_heads is not None:
+            tensor = _unpermute_rows(tensor, self._permuted_heads)
+        return tensor.narrow(dim, start, length)
+
 
 def weights_from_gguf(gguf: GGUFFile, config: ModelConfig,
                       keep_blocks: bool = False) -> Iterator[tuple[str, GGUFWeight]]:

@@ -141,3 +141,36 @@ def weights_from_safetensors(paths: list[str]) -> Iterator[tuple[str, torch.Tens
         except SafetensorError as error:
             raise ModelLoadError(f"{path} is not a readable safetensors file ({error}); "
                                  "re-download or re-save it") from None
+
+
+class SafetensorsWeight:
+    """One tensor of an open safetensors file, read when asked (a LazyWeight): whole (load_into) or
+    one slice (narrow: only those bytes are read), for a tensor-parallel rank that holds a part."""
+
+    def __init__(self, handle, name: str):
+        self._handle = handle  # safe_open(...) of the shard file, open while the weights are consumed
+        self._name = name
+        self.shape = tuple(handle.get_slice(name).get_shape())
+
+    def load_into(self, out: torch.Tensor) -> None:
+        out.copy_(self._handle.get_tensor(self._name))
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        """Rows [start, start + length) along dim, read from the file (a dim-1 cut reads strided runs)."""
+        index = tuple(slice(start, start + length) if d == dim else slice(None) for d in range(len(self.shape)))
+        return self._handle.get_slice(self._name)[index]
+
+
+def lazy_weights_from_safetensors(paths: list[str]) -> Iterator[tuple[str, SafetensorsWeight]]:
+    """(name, SafetensorsWeight) for every tensor of every shard; each must be consumed before the next
+    is asked for (its file closes when the iteration moves past it)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in paths:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, SafetensorsWeight(f, name)
+        except SafetensorError as error:
+            raise ModelLoadError(f"{path} is not a readable safetensors file ({error}); "
+                                 "re-download or re-save it") from None

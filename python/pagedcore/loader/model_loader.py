@@ -93,9 +93,10 @@ def _load_hf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> Loa
                        plan.weight_format)
 
 
-def build_model(config: ModelConfig, weight_format: str, weights) -> torch.nn.Module:
-    """The model with its linear layers in `weight_format` (a LINEAR_METHODS name), weights loaded."""
-    model = model_class(config.architecture)(config, linear_method(weight_format))
+def build_model(config: ModelConfig, weight_format: str, weights, **shard) -> torch.nn.Module:
+    """The model with its linear layers in `weight_format` (a LINEAR_METHODS name), weights loaded.
+    shard: `shard=` ShardPlan and `tp_comm=` of one rank (distributed/model_shard.py), else nothing."""
+    model = model_class(config.architecture)(config, linear_method(weight_format), **shard)
     try:
         with _one_torch_thread():
             model.load_weights(weights)

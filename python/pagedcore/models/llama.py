@@ -5,6 +5,12 @@ q/k RMSNorm before RoPE (Qwen3), RoPE scaling (Llama 3.1), tied embeddings (Smol
 Parameter names follow HF (`model.layers.N.self_attn...`) so checkpoints map without a table,
 except the fused projections: q/k/v -> qkv_proj, gate/up -> gate_up_proj. How linear weights are
 stored (the weight format) is the LinearMethod the loader passes in; this code never asks which.
+
+A shard (tensor / pipeline parallelism, distributed/sharding.py) is the same model built from the
+rank's ModelConfig (its heads, KV heads, intermediate columns, layers) plus its ShardPlan and the
+stage's Communicator: o_proj and down_proj become RowParallelLinear (partial sums, all-reduced), the
+embedding a VocabParallelEmbedding, the LM head this rank's vocabulary rows; a pipeline stage holds
+its layers only (local indices 0..n), the embedding on the first stage, norm and head on the last.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pagedcore.distributed.intermediate_tensors import IntermediateTensors
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
 from pagedcore.layers.decoder_stack import DecoderStack, StackSupport, decoder_stack_support, layer_tensors
-from pagedcore.layers.linear import LinearMethod, linear_method
+from pagedcore.layers.embedding import VocabParallelEmbedding
+from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
 
@@ -37,8 +45,15 @@ ROPE_FREQ_FACTORS = "model.rotary_emb.freq_factors"
 logger = logging.getLogger(__name__)
 
 
+def _row_parallel(in_features: int, out_features: int, method: LinearMethod, tp_comm) -> Linear:
+    """o_proj / down_proj: a plain Linear in one process, RowParallelLinear in a tensor-parallel shard."""
+    if tp_comm is None:
+        return Linear(in_features, out_features, bias=False, method=method)
+    return RowParallelLinear(in_features, out_features, method, tp_comm)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, method: LinearMethod):
+    def __init__(self, config: ModelConfig, method: LinearMethod, tp_comm=None):
         super().__init__()
         dtype = config.torch_dtype
         self.num_heads = config.num_heads
@@ -47,7 +62,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = MergedLinear(config.hidden_size, {"q": config.q_size, "k": config.kv_size,
                                                           "v": config.kv_size},
                                      bias=config.attention_bias, method=method)
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias=False, method=method)
+        self.o_proj = _row_parallel(config.q_size, config.hidden_size, method, tp_comm)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.attn = Attention(config.num_heads, config.num_kv_heads, config.head_dim,
@@ -72,11 +87,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, method: LinearMethod):
+    def __init__(self, config: ModelConfig, method: LinearMethod, tp_comm=None):
         super().__init__()
         size = config.intermediate_size
         self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, bias=False, method=method)
-        self.down_proj = Linear(size, config.hidden_size, bias=False, method=method)
+        self.down_proj = _row_parallel(size, config.hidden_size, method, tp_comm)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
@@ -84,12 +99,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, method: LinearMethod):
+    def __init__(self, config: ModelConfig, method: LinearMethod, tp_comm=None):
+        """tp_comm: the stage's tensor-parallel Communicator in a TP shard (config: the rank's sizes)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
-        self.self_attn = LlamaAttention(config, method)
+        self.self_attn = LlamaAttention(config, method, tp_comm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
-        self.mlp = LlamaMLP(config, method)
+        self.mlp = LlamaMLP(config, method, tp_comm)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -107,12 +123,22 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, method: LinearMethod):
+    def __init__(self, config: ModelConfig, method: LinearMethod, shard=None, tp_comm=None):
+        """shard: a distributed.sharding.ShardPlan (config is then the rank's shard_config), else None."""
         super().__init__()
         dtype = config.torch_dtype
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, method) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.shard = shard
+        if shard is None:
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        elif not shard.has_embedding:
+            self.embed_tokens = None
+        elif tp_comm is not None:
+            self.embed_tokens = VocabParallelEmbedding(*shard.vocab, config.hidden_size, dtype, tp_comm)
+        else:
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, method, tp_comm) for _ in range(config.num_layers))
+        last = shard is None or shard.is_last_stage
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if last else None
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                           config.rope_theta, config.rope_scaling, dtype)
         self.config = config
@@ -122,7 +148,9 @@ class LlamaModel(nn.Module):
         self._logged_reason: str | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+                attn_metadata: AttentionMetadata, intermediate: IntermediateTensors | None = None):
+        if self.shard is not None:
+            return self.forward_stage(input_ids, positions, kv_cache, attn_metadata, intermediate)
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
         cos_sin = self.rotary_emb(positions)  # [num_tokens, head_dim]: the one lookup of the step
         stack = self._decoder_stack()
@@ -134,15 +162,61 @@ class LlamaModel(nn.Module):
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 
+    def forward_stage(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                      attn_metadata: AttentionMetadata, intermediate: IntermediateTensors | None
+                      ) -> torch.Tensor | IntermediateTensors:
+        """A shard's forward: the first stage starts from the embeddings, a later one from the previous
+        stage's IntermediateTensors; the last stage returns the normed hidden [num_tokens, hidden_size],
+        the others IntermediateTensors. kv_cache holds this stage's layers only."""
+        cos_sin = self.rotary_emb(positions)  # [num_tokens, head_dim]
+        if self.shard.is_first_stage:
+            hidden, residual = self.embed_tokens(input_ids), None  # [num_tokens, hidden_size]
+        elif intermediate is None:
+            raise ValueError(f"pipeline stage {self.shard.pp_rank} needs the previous stage's IntermediateTensors")
+        else:
+            hidden, residual = intermediate.hidden, intermediate.residual
+        stack = self._decoder_stack()
+        if stack is not None and stack.takes(hidden, kv_cache):
+            if residual is not None:
+                # The stack starts from a residual stream of one tensor: the first layer's add-and-norm
+                # of (hidden, residual) is norm(residual + hidden), the same sum rounded once.
+                hidden = residual + hidden
+            hidden, residual = stack(hidden, cos_sin, kv_cache, attn_metadata)
+        else:
+            hidden, residual = self.run_layers(hidden, cos_sin, kv_cache, attn_metadata, residual)
+        if not self.shard.is_last_stage:
+            return IntermediateTensors(hidden, residual)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
+
     def run_layers(self, hidden: torch.Tensor, cos_sin: torch.Tensor, kv_cache: torch.Tensor,
-                   attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Python layer loop: hidden [num_tokens, hidden_size] (the embeddings) -> (the last
-        layer's output, residual), writing this step's K/V into kv_cache."""
-        residual = None
+                   attn_metadata: AttentionMetadata, residual: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Python layer loop: hidden [num_tokens, hidden_size] (the embeddings, or a previous
+        stage's output with its residual) -> (the last layer's output, residual), writing this step's
+        K/V into kv_cache."""
         for index, layer in enumerate(self.layers):
             layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
             hidden, residual = layer(hidden, residual, cos_sin, layer_cache[0], layer_cache[1], attn_metadata)
         return hidden, residual
+
+    def forward_first_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                             attn_metadata: AttentionMetadata, num_layers: int,
+                             stack: DecoderStack | None = None) -> torch.Tensor:
+        """Layer-skip drafts (spec_decode/layer_skip.py): the first num_layers layers, then the final
+        norm -> [num_tokens, hidden_size]. kv_cache holds (at least) those layers; stack: a
+        DecoderStack over exactly them, used where it takes the step."""
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        cos_sin = self.rotary_emb(positions)  # [num_tokens, head_dim]
+        if stack is not None and stack.takes(hidden, kv_cache):
+            hidden, residual = stack(hidden, cos_sin, kv_cache[:num_layers], attn_metadata)
+        else:
+            residual = None
+            for index, layer in enumerate(self.layers[:num_layers]):
+                layer_cache = kv_cache[index]  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+                hidden, residual = layer(hidden, residual, cos_sin, layer_cache[0], layer_cache[1], attn_metadata)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
 
     def _decoder_stack(self) -> DecoderStack | None:
         """The C++ stack over these layers' weights; None where it does not run them all
@@ -184,34 +258,44 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, method: LinearMethod | None = None):
-        """method: the linear layers' weight format (the loader chooses it); None: dense in config.dtype."""
+    def __init__(self, config: ModelConfig, method: LinearMethod | None = None, shard=None, tp_comm=None):
+        """method: the linear layers' weight format (the loader chooses it); None: dense in config.dtype.
+        shard, tp_comm: one rank's part (distributed/model_shard.py builds it; config is then the
+        rank's shard_config, tp_comm None unless tensor-parallel)."""
         super().__init__()
         self.config = config
         method = method if method is not None else linear_method(config.dtype)
         self.linear_method = method
-        self.model = LlamaModel(config, method)
+        self.model = LlamaModel(config, method, shard, tp_comm)
+        self.shard = shard
         # Tied: the LM head reads the embedding table; no second [vocab, hidden] copy. Logits go
-        # straight to fp32 from the kernel (bf16 models skip a rounding and a cast).
-        self.lm_head = (None if config.tie_word_embeddings
-                        else Linear(config.hidden_size, config.vocab_size, bias=False, method=method,
+        # straight to fp32 from the kernel (bf16 models skip a rounding and a cast). A shard's head
+        # is its vocabulary rows (on the last stage only).
+        vocab_rows = config.vocab_size if shard is None else shard.vocab[1] - shard.vocab[0]
+        has_head = shard is None or shard.is_last_stage
+        self.lm_head = (None if config.tie_word_embeddings or not has_head
+                        else Linear(config.hidden_size, vocab_rows, bias=False, method=method,
                                     out_dtype=torch.float32))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+                attn_metadata: AttentionMetadata, intermediate: IntermediateTensors | None = None):
         """input_ids, positions int64 [num_tokens]; kv_cache
         [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim].
-        Returns hidden states after the final norm, [num_tokens, hidden_size]."""
-        return self.model(input_ids, positions, kv_cache, attn_metadata)
+        Returns hidden states after the final norm, [num_tokens, hidden_size]; a shard that is not
+        the last pipeline stage returns IntermediateTensors (and a later stage takes them in)."""
+        return self.model(input_ids, positions, kv_cache, attn_metadata, intermediate)
 
     @property
     def decoder_stack_status(self) -> StackSupport:
         return self.model.decoder_stack_status
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]."""
+        """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]; a
+        tensor-parallel shard gives its vocabulary columns (vocab_range) only."""
         if self.lm_head is not None:
             return self.lm_head(hidden_states)
+        if self.model.norm is None:
+            raise ValueError(f"pipeline stage {self.shard.pp_rank} has no LM head: logits come from the last stage")
         return self.model.embed_tokens.logits(hidden_states)  # tied: the table's own format and bytes
 
     @torch.no_grad()

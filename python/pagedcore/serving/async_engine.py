@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedcore.distributed.errors import WorkerDiedError
 from pagedcore.engine.llm_engine import LLMEngine
 from pagedcore.outputs import RequestOutput
 from pagedcore.sampling_params import SamplingParams
@@ -62,8 +63,9 @@ MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 def leaves_engine_unusable(error: BaseException) -> bool:
     """Errors after which no later step can be trusted: memory exhausted, a device fault (a CUDA
-    error poisons its context), or any exception marked `engine_unusable = True`."""
-    if getattr(error, "engine_unusable", False) or isinstance(error, (MemoryError, SystemError)):
+    error poisons its context), a model rank that died (the model is missing a shard), or any
+    exception marked `engine_unusable = True`."""
+    if getattr(error, "engine_unusable", False) or isinstance(error, (MemoryError, SystemError, WorkerDiedError)):
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and ("CUDA error" in text or "device-side assert" in text)
@@ -222,6 +224,9 @@ class AsyncLLMEngine:
                 self._drain_inbox()
                 if not engine.has_unfinished_requests():
                     self._wakeup.wait(0.5)
+                    check_health = getattr(engine, "check_health", None)
+                    if check_health is not None:   # a worker rank that died while idle: fatal now, not at the next request
+                        check_health()
                     continue
                 try:
                     outputs = engine.step()
@@ -253,6 +258,9 @@ class AsyncLLMEngine:
             if self.on_dead is not None:   # first: a client told "stopped" finds the server already stopping
                 self.on_dead(e)
             for s in streams:
+                if isinstance(e, WorkerDiedError):   # the requests in flight failed: HTTP 500 / INTERNAL naming it
+                    s.put(e)
+                    continue
                 s.put(EngineDeadError(f"the engine stopped after an error ({type(e).__name__}: {e}); the server "
                                       "is restarting, retry against another replica"))
 

@@ -105,14 +105,24 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
         await http_task
         return 1
 
-    engine: LLMEngine = load_task.result()
+    loaded = load_task.result()
+    engines: list[LLMEngine] = loaded if isinstance(loaded, list) else [loaded]   # one per data-parallel replica
+    engine = engines[0]
     _log_loaded(engine)
-    async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
+    if len(engines) == 1:
+        async_engine = AsyncLLMEngine(engine, max_queued_requests=args.max_queued_requests)
+    else:   # --data-parallel-size > 1: one endpoint, a router in front of the replicas
+        from pagedcore.distributed.dp_engine import DPAsyncLLMEngine
+
+        async_engine = DPAsyncLLMEngine(engines, max_queued_requests=args.max_queued_requests)
     dead = asyncio.Event()     # the engine became unusable: exit non-zero so a supervisor restarts us
     async_engine.on_dead = lambda error: loop.call_soon_threadsafe(dead.set)
     dead_task = asyncio.ensure_future(dead.wait())
     if recorder is not None:
-        recorder.attach(async_engine)    # before the first request: the trace mirrors the cache from empty
+        # Before the first request: the trace mirrors the cache from empty. One replica's cache only.
+        recorder.attach(async_engine if len(engines) == 1 else async_engine.replicas[0])
+        if len(engines) > 1:
+            logger.info("the simulator page's live trace shows data-parallel replica 0 of %d", len(engines))
     state.metrics = ServerMetrics(state.model_name, lambda: async_engine.snapshot, engine.view.config.max_model_len)
     async_engine.step_hooks.append(state.metrics.on_step)
     state.attach(async_engine, chat_template, created=int(time.time()))
@@ -134,6 +144,8 @@ async def _serve(args, config: EngineConfig, state: ServerState, chat_template: 
         code = 1
     dead_task.cancel()
     await _drain(args, state, async_engine, grpc_server or None)
+    for replica in engines:
+        replica.shutdown()   # stops the worker ranks of a parallel model
     http.should_exit = True
     await http_task
     if recorder is not None:
@@ -151,14 +163,20 @@ def _trace_recorder(args):
     return TraceRecorder(trace_file=getattr(args, "trace_file", None))
 
 
-async def _load_in_thread(config: EngineConfig) -> LLMEngine:
-    """LLMEngine(config) on a daemon thread: a signal while loading need not wait for it."""
+async def _load_in_thread(config: EngineConfig) -> LLMEngine | list[LLMEngine]:
+    """LLMEngine(config) (with --data-parallel-size > 1, the replicas) on a daemon thread: a signal while
+    loading need not wait for it."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
     def load():
         try:
-            engine = LLMEngine(config)
+            if config.data_parallel_size > 1:   # the replicas' engines, a list (distributed/dp_replicas.py)
+                from pagedcore.distributed.dp_replicas import load_replicas
+
+                engine = load_replicas(config)
+            else:
+                engine = LLMEngine(config)
         except BaseException as error:   # noqa: BLE001 - handed to the loop, which reports it
             # Bound now: Python unbinds `error` when the except block ends, before the loop runs this.
             loop.call_soon_threadsafe(lambda e=error: future.done() or future.set_exception(e))

@@ -1,7 +1,13 @@
 """`SpeculativeConfig`: which proposer drafts tokens and how many, vLLM's field names.
 
 Given as a dict (`LLM(speculative_config={...})`, `--speculative-config '{"method": "ngram", ...}'`)
-and validated here, at start-up, so that a bad value is refused before any model loads.
+and validated here, at start-up, so that a bad value is refused before any model loads. Methods:
+
+    ngram        prompt lookup (prompt_lookup_min / prompt_lookup_max)
+    draft_model  a second, smaller model with the target's vocabulary ("model": its HF folder or GGUF);
+                 vLLM's older spelling, {"model": PATH} without "method", means the same
+    layer_skip   self-speculation: the target's first "num_layers" layers + its final norm and LM head
+                 (pagedcore's own method; vLLM has none)
 """
 
 from __future__ import annotations
@@ -9,9 +15,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model", "layer_skip")
+DRAFT_METHODS = ("draft_model", "layer_skip")   # a model forward proposes (spec_decode/draft_proposer.py)
 # Named so that asking for them gets a clear answer rather than "unknown method".
-NOT_IMPLEMENTED = ("draft_model", "layer_skip", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+NOT_IMPLEMENTED = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+# vLLM's older way to ask for prompt lookup: the draft "model" named "[ngram]".
+_NGRAM_MODEL_NAMES = ("ngram", "[ngram]")
 MAX_SPECULATIVE_TOKENS = 16   # more drafts than this never pays with an n-gram proposer
 
 
@@ -28,6 +37,12 @@ class SpeculativeConfig:
     # a while (2, 4, 8 ... up to 64 of its steps), so sequences that do not copy their context pay
     # nothing. 0 = never back off.
     backoff_after_misses: int = 2
+    # draft_model: the draft's HF folder or .gguf file (vLLM's field), loaded in the engine's dtype,
+    # and its weight format (None, "gguf", "int8_per_channel": as --quantization).
+    model: str | None = None
+    quantization: str | None = None
+    # layer_skip: how many of the target's first layers the draft runs (1 <= num_layers < the target's).
+    num_layers: int | None = None
 
     @classmethod
     def from_value(cls, value) -> SpeculativeConfig | None:
@@ -46,6 +61,11 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative_config has unknown field(s) {unknown}; known fields: {sorted(known)}")
+        if "method" not in value and value.get("model") is not None:   # vLLM's older spelling
+            model = value["model"]
+            value = {**value, "method": "ngram" if model in _NGRAM_MODEL_NAMES else "draft_model"}
+            if value["method"] == "ngram":
+                value.pop("model")
         if "method" not in value:
             raise ValueError('speculative_config needs "method" (supported: ' + ", ".join(METHODS) + ")")
         return cls(**value)
@@ -75,6 +95,18 @@ class SpeculativeConfig:
             fail("disable_by_batch_size", "None or an integer >= 1")
         if not is_int(self.backoff_after_misses) or self.backoff_after_misses < 0:
             fail("backoff_after_misses", "an integer >= 0")
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                fail("model", 'the draft model\'s HF folder or .gguf file (method "draft_model")')
+        elif self.model is not None:
+            fail("model", f'None with method {self.method!r} (a draft "model" is for method "draft_model")')
+        if self.quantization is not None and self.method != "draft_model":
+            fail("quantization", 'None unless method is "draft_model" (the draft\'s weight format)')
+        if self.method == "layer_skip":
+            if not is_int(self.num_layers) or self.num_layers < 1:
+                fail("num_layers", 'an integer >= 1, the target layers the draft runs (method "layer_skip")')
+        elif self.num_layers is not None:
+            fail("num_layers", 'None unless method is "layer_skip"')
 
     def check_against(self, max_num_batched_tokens: int) -> None:
         """K drafts are verified in one chunk of K + 1 tokens: it must fit one step's budget."""

@@ -5,9 +5,11 @@ position of d_{i+1} (r_k: the bonus position after the last draft).
 
 - Greedy: the longest prefix of drafts equal to the target's argmax, then the argmax at the first
   mismatch (or the bonus argmax): exactly the tokens plain greedy decoding would produce.
-- Random (temperature > 0): the n-gram draft is a point mass q = onehot(d). Accept d_{i+1} with
-  probability min(1, p_i(d) / q(d)) = p_i(d); on rejection draw from the residual
-  (p_i - q)+ / Z = p_i with d zeroed, renormalised; with all k accepted draw the bonus from p_k.
+- Random (temperature > 0): accept d_{i+1} with probability min(1, p_i(d) / q_i(d)); on rejection
+  draw from the residual (p_i - q_i)+ / Z; with all k accepted draw the bonus from p_k. A draft
+  model's q_i is its own distribution (the same temperature / top-k / top-p / min-p, d drawn from
+  it); an n-gram draft is a point mass q = onehot(d): accept with p_i(d), residual = p_i with d
+  zeroed, renormalised.
   Every emitted token is then distributed exactly as the target's sample would be (Leviathan et al.
   2023, the speculative sampling theorem), and each uses the target's own p_i: the temperature,
   top-k, top-p and min-p the Sampler applies (its full-vocabulary masks, same semantics).
@@ -53,16 +55,28 @@ def target_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     return weights.div_(weights.sum(dim=-1, keepdim=True))
 
 
-def accept_random(probs: torch.Tensor, drafts: np.ndarray, generator: torch.Generator | None) -> np.ndarray:
-    """probs [k + 1, V] (the target's, per row), drafts int64 [k] -> accepted tokens int64 [a + 1]."""
+def accept_random(probs: torch.Tensor, drafts: np.ndarray, generator: torch.Generator | None,
+                  draft_probs: torch.Tensor | None = None) -> np.ndarray:
+    """probs [k + 1, V] (the target's, per row), drafts int64 [k], draft_probs [k, V] (q of a draft
+    model, on probs' device; None: n-gram point masses) -> accepted tokens int64 [a + 1]."""
     k = drafts.shape[0]
     draft_ids = torch.from_numpy(drafts).to(probs.device)                          # [k]
-    p_draft = probs[torch.arange(k, device=probs.device), draft_ids]              # [k]
+    rows = torch.arange(k, device=probs.device)                                   # [k]
+    ratio = probs[rows, draft_ids]                                                # [k] p(d) / q(d), q(d) = 1
+    if draft_probs is not None:
+        ratio = ratio / draft_probs[rows, draft_ids]                              # q(d) > 0: d was drawn from q
     u = torch.rand(k, generator=generator, device=probs.device)                   # [k]
-    rejected = torch.nonzero(u >= p_draft).flatten()                              # u in [0, 1): p = 1 always accepts
+    rejected = torch.nonzero(u >= ratio).flatten()                                # u in [0, 1): ratio >= 1 accepts
     a = int(rejected[0]) if rejected.numel() else k
     last = probs[a].clone()                                                       # [V]
     if a < k:
-        last[draft_ids[a]] = 0.0                                                  # the residual (p - onehot(d))+
+        if draft_probs is None:
+            last[draft_ids[a]] = 0.0                                              # the residual (p - onehot(d))+
+        else:
+            last.sub_(draft_probs[a]).clamp_(min=0.0)                             # the residual (p - q)+
+            if not bool(last.sum() > 0):
+                # p <= q everywhere means p == q, where a rejection has probability 0; a rounding
+                # rejection then draws from p itself (the residual's limit).
+                last = probs[a].clone()
     token = torch.multinomial(last, 1, generator=generator)                       # [1], renormalises itself
     return np.concatenate([drafts[:a], token.cpu().numpy().astype(np.int64)])

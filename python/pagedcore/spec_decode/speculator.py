@@ -3,7 +3,9 @@
     step t:   schedule ─▶ forward (K + 1 rows per speculating sequence, mixed with every other row)
               ─▶ verify_step: plain rows sampled as usual, draft rows accepted (rejection_sampler.py)
               ─▶ scheduler.update(tokens, num_accepted_tokens=...) rolls back rejected drafts
-              ─▶ outputs ─▶ propose: n-gram drafts appended (append_tokens(draft=True)) for step t + 1
+              ─▶ outputs ─▶ propose: drafts appended (append_tokens(draft=True)) for step t + 1:
+                 ngram: prompt lookup per sequence; draft_model / layer_skip: K single-token batched
+                 forwards of the draft (draft_proposer.py), whose probabilities q are kept for verification
 
 Only sequences whose tokens the target decides from logits alone speculate: no logprobs, penalties,
 logit_bias, grammar, or min_tokens still to reach. The rest decode one token per step in the same
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from pagedcore.spec_decode.config import SpeculativeConfig
+from pagedcore.spec_decode.draft_proposer import DraftRequest
 from pagedcore.spec_decode.ngram_proposer import propose_ngram
 from pagedcore.spec_decode.rejection_sampler import accept_greedy, accept_random, target_probs
 from pagedcore.spec_decode.stats import SpecDecodeStats
@@ -41,6 +44,8 @@ class _SeqSpec:
     prompt: np.ndarray        # int64 [P] the prompt, converted once
     misses: int = 0           # verifications in a row with no draft accepted
     skip: int = 0             # steps left without proposing (backoff)
+    drafts: np.ndarray | None = None        # int64 [k] a draft model's pending drafts ...
+    draft_probs: torch.Tensor | None = None  # fp32 [k, V] ... and their q (temperature > 0 only)
 
 
 def speculation_eligible(seq: SequenceState) -> bool:
@@ -52,9 +57,11 @@ def speculation_eligible(seq: SequenceState) -> bool:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, scheduler, output_processor, max_model_len: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, draft=None):
+        """draft: the DraftModel / LayerSkipDraft of those methods (spec_decode/draft_setup.py), bound."""
         config.check_against(max_num_batched_tokens)
         self.config = config
+        self.draft = draft
         self.scheduler = scheduler
         self.output_processor = output_processor
         self.max_model_len = max_model_len
@@ -68,6 +75,7 @@ class Speculator:
         crowded = cfg.disable_by_batch_size is not None and num_unfinished > cfg.disable_by_batch_size
         seen = set()
         total = 0
+        requests: list[DraftRequest] = []   # draft_model / layer_skip: proposed for in one batch below
         for seq in seqs:
             sid = seq.seq_id
             if sid in seen:
@@ -91,14 +99,41 @@ class Speculator:
             k = min(k, self.max_model_len - num_tokens - 1)
             if k <= 0:
                 continue
+            if self.draft is not None:
+                request = self._draft_request(seq, num_tokens, k)
+                if request is not None:
+                    requests.append(request)
+                continue
             history = np.concatenate([state.prompt, np.asarray(seq.output_token_ids, dtype=np.int64)])  # [L]
             drafts = propose_ngram(history, k, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
             if drafts.size:
                 self.scheduler.append_tokens(sid, drafts, draft=True)
                 total += int(drafts.size)
+        if requests:
+            for request, (drafts, q) in zip(requests, self.draft.proposer.propose(requests)):
+                sid = request.seq.seq_id
+                self.scheduler.append_tokens(sid, drafts, draft=True)
+                state = self._seqs[sid]
+                state.drafts, state.draft_probs = drafts, q
+                total += int(drafts.size)
         if len(self._seqs) > 4 * len(seen) + 256:   # forget sequences aborted while speculating
-            self._seqs = {sid: s for sid, s in self._seqs.items() if sid in seen}
+            self._seqs = {sid: s for sid, s in self._seqs.items() if sid in seen or self._awaits_verification(sid, s)}
         return total
+
+    def _awaits_verification(self, seq_id: int, state: _SeqSpec) -> bool:
+        """A draft model's drafts not verified yet (e.g. the sequence was preempted): keep their q."""
+        if state.drafts is None:
+            return False
+        info = self.scheduler.get_sequence(seq_id)
+        return info is not None and info.num_draft_tokens > 0
+
+    def _draft_request(self, seq: SequenceState, num_tokens: int, k: int) -> DraftRequest | None:
+        """What the draft needs for this sequence: its last token (sampled, no KV yet) and its blocks."""
+        info = self.scheduler.get_sequence(seq.seq_id)
+        if info is None or info.num_computed_tokens != num_tokens - 1 or info.num_tokens != num_tokens:
+            return None   # not in the state a just-sampled sequence is in (e.g. drafts already appended)
+        return DraftRequest(seq, int(seq.output_token_ids[-1]), num_tokens - 1, k,
+                            np.asarray(info.block_table, dtype=np.int32))
 
     # -- verifying ---------------------------------------------------------------------------------
     def verify_step(self, out, logits: torch.Tensor, rows: list[SequenceState]):
@@ -145,7 +180,8 @@ class Speculator:
             offset = 0
             for i in random:
                 n = int(num_rows[i])
-                accepted[i] = accept_random(probs[offset:offset + n], drafts_of[i], rows[i].generator)
+                accepted[i] = accept_random(probs[offset:offset + n], drafts_of[i], rows[i].generator,
+                                            self._draft_probs(rows[i].seq_id, drafts_of[i], probs.device))
                 offset += n
         for i in spec:
             self._record(rows[i].seq_id, int(num_rows[i]) - 1, accepted[int(i)].shape[0] - 1)
@@ -178,11 +214,29 @@ class Speculator:
             tokens_out.append(tokens)
         return result, process_rows, np.concatenate(tokens_out), sampler_output
 
+    def _draft_probs(self, seq_id: int, drafts: np.ndarray, device) -> torch.Tensor | None:
+        """The q a draft model drew these drafts from; None for n-gram drafts (point masses)."""
+        if self.draft is None:
+            return None
+        state = self._seqs.get(seq_id)
+        if state is None or state.draft_probs is None or not np.array_equal(state.drafts, drafts):
+            raise RuntimeError(f"internal: sequence {seq_id} verifies drafts {drafts.tolist()} whose draft "
+                               "probabilities were not kept at proposal")
+        q = state.draft_probs.to(device)
+        state.drafts = state.draft_probs = None
+        return q
+
+    def observe_step(self, step, out) -> None:
+        """After the target's forward of each step: a draft model runs the same rows (draft_model.py)."""
+        if self.draft is not None:
+            self.draft.observe_step(step, out)
+
     def _record(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
         self.stats.record(num_drafts, num_accepted)
         state = self._seqs.get(seq_id)
         if state is None:
             return
+        state.drafts = state.draft_probs = None     # verified: nothing pending
         if num_accepted:
             state.misses = 0
             return

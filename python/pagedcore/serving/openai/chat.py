@@ -12,8 +12,8 @@ from pagedcore.outputs import RequestOutput
 from pagedcore.serving.openai.body import parse_request
 from pagedcore.serving.openai.chat_template import render_chat
 from pagedcore.serving.openai.errors import APIError, bad_request, engine_error, error_body
-from pagedcore.serving.openai.logprobs import chat_logprobs
-from pagedcore.serving.openai.params import beam_search_params, sampling_params
+from pagedcore.serving.openai.logprobs import chat_logprobs, prompt_logprobs_json
+from pagedcore.serving.openai.params import beam_search_params, requested_prompt_logprobs, sampling_params
 from pagedcore.serving.openai.protocol import ChatCompletionRequest
 from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, after_first, collect, sse,
                                                 until_disconnected)
@@ -54,6 +54,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     else:
         params = sampling_params(req, state, prompt_len=len(prompt_ids), max_tokens=max_tokens,
                                  default_max_tokens=None, logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                                 prompt_logprobs=requested_prompt_logprobs(req, state),
                                  names=names, prompt_field="messages",
                                  structured_outputs=None if constraint is None else constraint.params)
     await check_compiles(engine, constraint)
@@ -103,11 +104,19 @@ class _Meta:
             self.echo_text = content if isinstance(content, str) else "\n".join(
                 p.text or "" for p in content or [])
 
-    def envelope(self, obj: str, choices: list, usage: dict | None = None) -> dict:
+    def envelope(self, obj: str, choices: list, usage: dict | None = None,
+                 prompt_logprobs_of: RequestOutput | None = None) -> dict:
+        """prompt_logprobs_of: the output whose prompt logprobs go in this body (vLLM puts them at the
+        top level of a chat response: one prompt for every choice)."""
         body = {"id": self.request_id, "object": obj, "created": self.created, "model": self.state.response_model_name(self.req.model),
                 "choices": choices}
         if usage is not None:
             body["usage"] = usage
+        n = self.req.prompt_logprobs
+        if prompt_logprobs_of is not None and n is not None:
+            body["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs_of.prompt_token_ids,
+                                                           prompt_logprobs_of.prompt_logprobs,
+                                                           self.state.vocab_size if n == -1 else n)
         return body
 
     def logprobs(self, c) -> dict | None:
@@ -128,7 +137,7 @@ def _response(output: RequestOutput, meta: _Meta) -> dict:
         choices.append({"index": c.index, "message": message, "logprobs": meta.logprobs(c),
                         "finish_reason": finish_reason(meta.tool_plan, calls, c.finish_reason),
                         "stop_reason": c.stop_reason})
-    return meta.envelope("chat.completion", choices, usage_of([output]))
+    return meta.envelope("chat.completion", choices, usage_of([output]), prompt_logprobs_of=output)
 
 
 async def _stream(stream, outputs, meta: _Meta):
@@ -150,7 +159,7 @@ async def _stream(stream, outputs, meta: _Meta):
                     delta = {"role": "assistant", "content": meta.echo_text}
                     yield sse(meta.envelope("chat.completion.chunk", [
                         {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
-                        usage.as_dict() if continuous else None))
+                        usage.as_dict() if continuous else None, prompt_logprobs_of=out if index == 0 else None))
             for c in out.outputs:
                 text, calls = tool_streams[c.index].feed(c.text), []
                 if c.finish_reason is not None:

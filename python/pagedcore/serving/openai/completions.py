@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedcore.outputs import RequestOutput
 from pagedcore.serving.openai.body import parse_request
 from pagedcore.serving.openai.errors import APIError, bad_request, engine_error, error_body
-from pagedcore.serving.openai.logprobs import CompletionLogprobs
-from pagedcore.serving.openai.params import beam_search_params, sampling_params
+from pagedcore.serving.openai.logprobs import CompletionLogprobs, prompt_logprobs_json
+from pagedcore.serving.openai.params import beam_search_params, requested_prompt_logprobs, sampling_params
 from pagedcore.serving.openai.protocol import CompletionRequest
 from pagedcore.serving.openai.streaming import (DONE, SSE_HEADERS, ClientGone, after_first, close_all, collect,
                                                 merge_streams, sse, until_disconnected)
@@ -34,8 +34,10 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     prompts = _prompts(req, state)
     constraint = constraint_of(req)
     await check_compiles(engine, constraint)
-    # echo with logprobs reports the prompt's tokens too: they need prompt logprobs.
-    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    # vLLM's prompt_logprobs field, and echo with logprobs (which reports the prompt's tokens too):
+    # both read the same prompt rows, computed once with the larger number of alternatives.
+    asked = [n for n in (requested_prompt_logprobs(req, state), req.logprobs if req.echo else None) if n is not None]
+    prompt_logprobs = max(asked) if asked else None
     if req.use_beam_search:   # n beams per prompt, the n best come back (engine/beam_search.py)
         params = [beam_search_params(req, state, prompt_len=len(ids), max_tokens=req.max_tokens,
                                      default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=req.logprobs is not None,
@@ -87,6 +89,12 @@ class _Meta:
         self.request_id, self.state, self.req = request_id, state, req
         self.created = int(time.time())
         self.prompt_texts = [text if text is not None else state.tokenizer.decode(ids) for text, ids in prompts]
+
+    def prompt_logprobs(self, out: RequestOutput) -> list | None:
+        """vLLM's per-choice prompt_logprobs; -1 (the whole vocabulary) keeps every alternative."""
+        n = self.req.prompt_logprobs
+        return prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs,
+                                    self.state.vocab_size if n == -1 else n)
 
     def envelope(self, choices: list, usage: dict | None = None) -> dict:
         body = {"id": self.request_id, "object": "text_completion", "created": self.created,
@@ -144,6 +152,8 @@ def _response(outputs: list[RequestOutput], meta: _Meta) -> dict:
                 text = meta.prompt_texts[i] + text
             choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            if req.prompt_logprobs is not None:
+                choices[-1]["prompt_logprobs"] = meta.prompt_logprobs(out)
     return meta.envelope(choices, usage_of(outputs))
 
 
@@ -160,8 +170,11 @@ async def _stream(streams, outputs, meta: _Meta):
             for c in out.outputs:
                 index = i * req.n + c.index
                 text, token_ids, positions = c.text, list(c.token_ids), list(c.logprobs or [])
+                prompt_logprobs = None
                 if index not in started:
                     started.add(index)
+                    if req.prompt_logprobs is not None:   # 0 only: larger counts do not stream (protocol.py)
+                        prompt_logprobs = meta.prompt_logprobs(out)
                     if req.echo:
                         text = meta.prompt_texts[i] + text
                         token_ids = out.prompt_token_ids + token_ids
@@ -170,10 +183,13 @@ async def _stream(streams, outputs, meta: _Meta):
                 if req.logprobs is not None:
                     builder = builders.setdefault(index, CompletionLogprobs(req.logprobs, tokenizer))
                     logprobs = builder.build(token_ids, positions)
-                if not text and c.finish_reason is None and not (logprobs and logprobs["tokens"]):
+                if not text and c.finish_reason is None and not (logprobs and logprobs["tokens"]) \
+                        and prompt_logprobs is None:
                     continue
                 choice = {"index": index, "text": text, "logprobs": logprobs,
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                if prompt_logprobs is not None:    # in the choice's first chunk
+                    choice["prompt_logprobs"] = prompt_logprobs
                 continuous = options is not None and options.continuous_usage_stats
                 yield sse(meta.envelope([choice], usage.as_dict() if continuous else None))
         if options is not None and options.include_usage:

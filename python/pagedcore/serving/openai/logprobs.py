@@ -74,3 +74,23 @@ def chat_logprobs(token_ids: Sequence[int], positions: Sequence[dict[int, Logpro
                              for tid, c in _top(position, num_top)
                              for t in (_token_text(tid, c, tokenizer),)]})
     return {"content": content}
+
+
+def prompt_logprobs_json(token_ids: Sequence[int], positions: Sequence[dict[int, Logprob] | None] | None,
+                         num_top: int) -> list[dict[str, dict] | None] | None:
+    """vLLM's `prompt_logprobs` field: one entry per prompt token, null for the first (nothing predicts
+    it), else {token id: {"logprob", "rank", "decoded_token"}} holding the prompt's own token and the
+    `num_top` most likely. The engine may have computed more alternatives (echo with a larger
+    `logprobs` shares the same rows): the ones past `num_top` are left out."""
+    if positions is None:
+        return None
+    out: list[dict[str, dict] | None] = []
+    for token_id, position in zip(token_ids, positions):
+        if position is None:
+            out.append(None)
+            continue
+        # The prompt's own token comes first with its true rank; the top ones carry ranks 1..N.
+        out.append({str(tid): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+                    for tid, lp in position.items()
+                    if tid == token_id or (lp.rank is not None and lp.rank <= num_top)})
+    return out

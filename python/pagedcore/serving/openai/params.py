@@ -47,7 +47,8 @@ def sampling_params(req: SamplingFields, state: ServerState, *, prompt_len: int,
 # (clients that send every field at its default are not refused).
 _NOT_WITH_BEAM_SEARCH = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "presence_penalty": (0.0,),
                          "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
-                         "stop": ("", []), "stop_token_ids": ([],), "min_tokens": (0,), "skip_special_tokens": (True,)}
+                         "stop": ("", []), "stop_token_ids": ([],), "min_tokens": (0,), "skip_special_tokens": (True,),
+                         "prompt_logprobs": ()}
 
 
 def beam_search_params(req: SamplingFields, state: ServerState, *, prompt_len: int, max_tokens: int | None,
@@ -86,6 +87,19 @@ def beam_search_params(req: SamplingFields, state: ServerState, *, prompt_len: i
         field = "n" if field == "beam_width" else field
         raise bad_request(str(error).replace("BeamSearchParams.beam_width", "n").removeprefix("BeamSearchParams."),
                           field) from None
+
+
+def requested_prompt_logprobs(req: SamplingFields, state: ServerState) -> int | None:
+    """The request's prompt_logprobs with vLLM's -1 (the whole vocabulary) resolved to the vocabulary
+    size and held to --max-logprobs, so the refusal can name the flag value that would allow it."""
+    value = req.prompt_logprobs
+    if value == -1:
+        value = state.vocab_size
+        if value > state.max_logprobs:
+            raise bad_request(f"prompt_logprobs=-1 asks for the whole vocabulary ({value} tokens per position), "
+                              f"more than this server's limit of {state.max_logprobs}; ask for fewer or start the "
+                              f"server with --max-logprobs {value}", "prompt_logprobs")
+    return value
 
 
 def _pick(value, defaults: dict, name: str, fallback):

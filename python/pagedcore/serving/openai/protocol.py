@@ -51,6 +51,17 @@ class SamplingFields(_Body):
             if value is not None and not isinstance(value, bool) and value < 0:
                 raise bad_request(f"{name}={value}: must be >= 0; -1 (the whole vocabulary, which vLLM accepts) is "
                                   "not supported here: ask for at most --max-logprobs alternatives", name)
+        # vLLM's rules: -1 is the whole vocabulary (then held to --max-logprobs like any count); a
+        # count > 0 (or -1) is refused with stream=true, 0 (the prompt tokens' own logprobs) streams.
+        value = self.prompt_logprobs
+        if value is not None:
+            if value < -1:
+                raise bad_request(f"prompt_logprobs={value}: must be >= 0, or -1 for the whole vocabulary",
+                                  "prompt_logprobs")
+            if self.stream and value != 0:
+                raise bad_request(f"prompt_logprobs={value} is not available with \"stream\": true (as in vLLM); "
+                                  "set stream to false, or prompt_logprobs to 0 for the prompt tokens' own logprobs",
+                                  "prompt_logprobs")
         return self
 
     model: str | None = None
@@ -76,6 +87,9 @@ class SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     priority: int = 0                      # lower runs first, with --scheduling-policy priority
+    # Logprobs of every prompt position (the first is null): the top-N alternatives plus the prompt's
+    # own token; -1 = the whole vocabulary. Per choice on /v1/completions, top level on chat.
+    prompt_logprobs: int | None = None
     # vLLM's beam search fields: n is the beam width; HF's length_penalty and early_stopping.
     use_beam_search: bool = False
     length_penalty: float = 1.0
