@@ -63,7 +63,10 @@ def test_backend_is_mp_when_the_model_needs_ranks():
     (dict(tensor_parallel_size=2, dtype="auto"), r"shards dense weights only.*--dtype float32\|bfloat16"),
     (dict(tensor_parallel_size=2, quantization="int8_per_channel"), r"drop --quantization"),
     (dict(pipeline_parallel_size=2, enable_lora=True), r"LoRA adapters \(--enable-lora\) do not run"),
-    (dict(tensor_parallel_size=2, device="cuda"), r"runs CPU ranks .* use --device cpu"),
+    (dict(tensor_parallel_size=2, device="cuda"), r"2 x 1 CUDA ranks need 2 GPUs, this machine has 0"),
+    (dict(pipeline_parallel_size=2, device="cuda"), r"CUDA ranks: tensor parallel only"),
+    (dict(tensor_parallel_size=2, device="cuda", distributed_executor_backend="ray"),
+     r"CUDA ranks run with --distributed-executor-backend mp"),
 ])
 def test_bad_combinations_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -52,13 +52,17 @@ class MPExecutor(Executor):
         super().__init__(config, model_config)
         layout = self.layout
         world = layout.world_size
-        cores = core_plan(world)   # before anything is created: more ranks than cores is a start-up error
+        on_gpu = torch.device(config.device).type == "cuda"
+        # CPU ranks: their own cores (more ranks than cores is a start-up error, before anything is
+        # created). CUDA ranks: rank r on GPU r, host threads left where they are.
+        cores = [None] * world if on_gpu else core_plan(world)
         self._ctx = multiprocessing.get_context("spawn")
         self._factory = make = _ChannelFactory(config, model_config, layout)
         self._step_spec = make.step_channel(world)
         self._result_specs = [make.result_channel(rank) for rank in range(world)]
         stage_specs = {(p, t): make.stage_channel() for p in range(layout.pp_size - 1) for t in range(layout.tp_size)}
-        tp_groups = [make.tp_group(layout.tp_size) if layout.tp_size > 1 else None for _ in range(layout.pp_size)]
+        tp_groups = [make.tp_group(layout.tp_size, nccl=on_gpu) if layout.tp_size > 1 else None
+                     for _ in range(layout.pp_size)]
         inits = []
         for rank in range(world):
             info = layout.rank_info(rank)
@@ -68,7 +72,8 @@ class MPExecutor(Executor):
                 block_size=config.block_size, rank=rank, layout=layout, tp_group=tp_groups[p],
                 step_channel=self._step_spec, result_channel=self._result_specs[rank],
                 prev_stage_channel=stage_specs.get((p - 1, t)), next_stage_channel=stage_specs.get((p, t)),
-                cores=cores[rank], num_threads=len(cores[rank]), seed=config.seed))
+                cores=cores[rank], num_threads=len(cores[rank]) if cores[rank] else 1, seed=config.seed,
+                device="cuda" if on_gpu else "cpu"))
         from pagedcore.distributed.worker_main import rank_main
 
         log_level = logging.getLogger().getEffectiveLevel()
@@ -92,6 +97,13 @@ class MPExecutor(Executor):
     def load_model(self) -> None:
         replies = self._call("load_model")
         logger.info("ranks loaded their shards: %s MiB of weights", [round(b / 2**20, 1) for b in replies])
+
+    def profile_num_blocks(self, shape: kvc.ProfileShape) -> int:
+        """CUDA ranks: the KV blocks every GPU can hold after a profiled forward of the largest step (the
+        fewest over the ranks: one block id means a block on every rank)."""
+        replies = self._call("profile_memory", shape)
+        return min(kvc.gpu_kv_cache_budget(self.config, total, peak, shape) // block_bytes
+                   for total, peak, block_bytes in replies)
 
     def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
         """spec: the engine's (unused: each rank allocates num_blocks of its own heads and layers)."""
@@ -313,7 +325,9 @@ class _ChannelFactory:
     def stage_channel(self):
         return self._keep(comm_spec.create_shm_channel(1, self.stage_capacity))
 
-    def tp_group(self, tp_size: int):
+    def tp_group(self, tp_size: int, nccl: bool = False):
+        if nccl:   # CUDA ranks: the all-reduce runs on the GPUs (NCCL), nothing to unlink
+            return comm_spec.create_nccl_group(tp_size)
         return self._keep(comm_spec.create_shm_group(tp_size, comm_spec.DEFAULT_ALL_REDUCE_BYTES))
 
     def close(self) -> None:

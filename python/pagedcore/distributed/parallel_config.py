@@ -72,9 +72,19 @@ def check_parallel_config(config: EngineConfig, model_config: ModelConfig) -> No
         raise ValueError(f'speculative_config method "{spec.method}" runs its draft in the engine process and '
                          "does not run with worker ranks (--tensor-parallel-size / --pipeline-parallel-size > 1 or "
                          '--distributed-executor-backend); use "ngram" speculation there, or one process')
-    if torch.device(config.device).type != "cpu":
-        raise ValueError(f"tensor / pipeline parallelism runs CPU ranks in this build (asked --device "
-                         f"{config.device}); use --device cpu, or --tensor-parallel-size 1")
+    if torch.device(config.device).type == "cuda":
+        # One GPU per rank, NCCL between a stage's ranks (mp only: Ray actors are CPU ranks here).
+        if backend != "mp":
+            raise ValueError("CUDA ranks run with --distributed-executor-backend mp (one GPU per rank on this "
+                             "machine); Ray runs CPU ranks in this build: use --device cpu with ray")
+        if pp > 1:
+            raise ValueError("pipeline parallelism runs CPU ranks in this build (CUDA ranks: tensor parallel only); "
+                             "use --pipeline-parallel-size 1 with --device cuda, or --device cpu")
+        if not torch.cuda.is_available() or torch.cuda.device_count() < layout.world_size:
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ValueError(f"{tp} x {pp} CUDA ranks need {layout.world_size} GPUs, this machine has {have}; lower "
+                             "--tensor-parallel-size / --pipeline-parallel-size, or use --device cpu")
+        return
     if backend == "mp":
         core_plan(layout.world_size)
     elif backend == "ray" and importlib.util.find_spec("ray") is None:

@@ -52,6 +52,7 @@ class RankInit:
     cores: tuple[int, ...] | None   # cores to bind to (None: leave affinity alone, e.g. on Ray)
     num_threads: int
     seed: int
+    device: str = "cpu"             # cpu | cuda: a CUDA rank runs on GPU `rank` (its tp group is then NCCL)
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,14 @@ class RankWorker:
         self.layout = init.layout
         self.rank_info = init.layout.rank_info(init.rank)
         self.is_alive = is_alive
+        # One GPU per rank on a CUDA run (ranks of one machine: rank r on cuda:r).
+        self.device = torch.device("cuda", init.rank) if init.device.startswith("cuda") else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         torch.manual_seed(init.seed)
+        comm_options = {"device": self.device} if self.device.type == "cuda" else {}
         self.tp_comm: Communicator | None = (None if init.tp_group is None else comm_spec.open_communicator(
-            init.tp_group, self.rank_info.tp_rank, is_alive=is_alive))
+            init.tp_group, self.rank_info.tp_rank, is_alive=is_alive, **comm_options))
         self.prev_stage: Channel | None = (None if init.prev_stage_channel is None
                                            else comm_spec.open_channel_reader(init.prev_stage_channel, 0))
         self.next_stage: Channel | None = (None if init.next_stage_channel is None
@@ -108,7 +114,9 @@ class RankWorker:
             loaded = load_model_shard(self.init.model, self.init.dtype, self.init.quantization, self.rank_info,
                                       self.tp_comm)
         self.loaded = loaded
-        self.runner = ModelRunner(loaded.model, "cpu")
+        if self.device.type == "cuda":
+            loaded.model.to(self.device)
+        self.runner = ModelRunner(loaded.model, self.device)
         return self.weight_bytes()
 
     def kv_cache_spec(self) -> kvc.KVCacheSpec:
@@ -125,10 +133,30 @@ class RankWorker:
         """Allocates num_blocks device blocks (and num_cpu_blocks swap blocks) of this rank's shape.
         Returns the device cache's bytes."""
         spec = self.kv_cache_spec()
-        kv_cache = kvc.allocate(spec, num_blocks)    # [local layers, 2, num_blocks, local kv heads, block, head_dim]
-        cpu_kv_cache = kvc.allocate(spec, num_cpu_blocks) if num_cpu_blocks else None
+        # [local layers, 2, num_blocks, local kv heads, block, head_dim]
+        kv_cache = kvc.allocate(spec, num_blocks, self.device)
+        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda")
+                        if num_cpu_blocks else None)
         self.runner.bind_kv_cache(kv_cache, cpu_kv_cache)
         return _nbytes(kv_cache)
+
+    def profile_memory(self, shape: kvc.ProfileShape) -> tuple[int, int, int]:
+        """A CUDA rank: a dummy forward of the largest step through a scratch cache of its shape (every
+        rank of the group runs it at once, so the all-reduces pair up). Returns (the GPU's total bytes,
+        the peak without the scratch cache, this rank's bytes per KV block)."""
+        if self.device.type != "cuda":
+            raise ValueError("memory profiling measures a CUDA device; this rank runs on the CPU")
+        spec = self.kv_cache_spec()
+        scratch = kvc.allocate(spec, shape.num_blocks(spec.block_size), self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.runner.profile_forward(scratch, shape.num_tokens, shape.num_seqs, shape.seq_len, shape.num_logits_rows)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - _nbytes(scratch)
+        del scratch
+        torch.cuda.empty_cache()
+        _, total = torch.cuda.mem_get_info(self.device)
+        return total, peak, spec.bytes_per_block
 
     def weight_bytes(self) -> int:
         model = self.runner.model
@@ -165,8 +193,11 @@ class RankWorker:
             intermediate = None
             if not info.is_first_stage:
                 intermediate = _unpack(self.prev_stage.get(is_alive=self.is_alive))
-            out = runner.model(torch.from_numpy(sub.input_ids), torch.from_numpy(sub.positions), runner.kv_cache,
-                               attention_metadata(sub), intermediate)
+            if intermediate is not None and self.device.type == "cuda":
+                intermediate = type(intermediate)(*(None if t is None else t.to(self.device)
+                                                    for t in (intermediate.hidden, intermediate.residual)))
+            out = runner.model(runner._tensor(sub.input_ids), runner._tensor(sub.positions), runner.kv_cache,
+                               attention_metadata(sub, self.device), intermediate)
             if not info.is_last_stage:
                 self.next_stage.put(_pack(out), is_alive=self.is_alive)   # IntermediateTensors -> stage p + 1
                 continue
@@ -174,7 +205,7 @@ class RankWorker:
             if len(rows) == 0:
                 piece_logits.append(np.zeros((0, 0), dtype=np.float32))
                 continue
-            hidden = out.index_select(0, torch.from_numpy(rows))           # [piece rows, hidden]
+            hidden = out.index_select(0, runner._tensor(rows))             # [piece rows, hidden]
             piece_logits.append(_to_numpy(runner.model.compute_logits(hidden)))
         if not info.is_last_stage:
             return None
@@ -217,18 +248,22 @@ class RankWorker:
                 end.close()
 
 
-def attention_metadata(step: StepInput) -> AttentionMetadata:
-    """The step's batch layout as CPU tensors (views of its arrays, no copies)."""
+def attention_metadata(step: StepInput, device: torch.device | None = None) -> AttentionMetadata:
+    """The step's batch layout as tensors: on the CPU views of its arrays (no copies), else copied to device."""
+    def tensor(array):
+        t = torch.from_numpy(array)
+        return t if device is None or device.type == "cpu" else t.to(device, non_blocking=True)
+
     return AttentionMetadata(
-        slot_mapping=torch.from_numpy(step.slot_mapping),          # int64 [num_tokens]
-        block_tables=torch.from_numpy(step.block_tables),          # int32 [num_seqs, max_blocks]
-        seq_lens=torch.from_numpy(step.seq_lens),                  # int32 [num_seqs]
-        query_start_loc=torch.from_numpy(step.query_start_loc),    # int32 [num_seqs + 1]
+        slot_mapping=tensor(step.slot_mapping),          # int64 [num_tokens]
+        block_tables=tensor(step.block_tables),          # int32 [num_seqs, max_blocks]
+        seq_lens=tensor(step.seq_lens),                  # int32 [num_seqs]
+        query_start_loc=tensor(step.query_start_loc),    # int32 [num_seqs + 1]
         max_query_len=step.max_query_len, max_seq_len=step.max_seq_len)
 
 
 def _to_numpy(logits: torch.Tensor) -> np.ndarray:
-    return logits.detach().to(torch.float32).contiguous().numpy()
+    return logits.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
 # Activations between stages travel as numpy (raw bytes under pickle protocol 5); bfloat16, which
@@ -236,7 +271,7 @@ def _to_numpy(logits: torch.Tensor) -> np.ndarray:
 def _pack_tensor(t: torch.Tensor | None):
     if t is None:
         return None
-    t = t.contiguous()
+    t = t.contiguous().cpu()   # activations between stages travel through host shared memory
     if t.dtype == torch.bfloat16:
         return ("bfloat16", t.view(torch.int16).numpy())
     return ("", t.numpy())

@@ -89,6 +89,9 @@ class LLMEngine:
         budget = None
         if config.num_gpu_blocks_override:
             num_blocks = config.num_gpu_blocks_override
+        elif on_gpu and executor is not None:   # CUDA ranks: each profiles its own GPU, the fewest blocks win
+            num_blocks = executor.profile_num_blocks(kvc.ProfileShape.largest_step(config))
+            budget = num_blocks * spec.bytes_per_block
         elif on_gpu:
             shape = kvc.ProfileShape.largest_step(config)
             profile = worker.profile_memory(spec, shape)
