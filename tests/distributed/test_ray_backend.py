@@ -163,3 +163,13 @@ def test_serve_on_ray_over_http_and_grpc(ray_cluster, tiny_folder, references, l
         assert [r.text for r in grpc_reply.responses] == references[1]
     finally:
         assert server.stop() == 0
+
+
+def test_tp2_on_ray_over_gloo_equals_one_process(ray_cluster, tiny_folder, references, monkeypatch):
+    """The all-reduce ranks on different machines use: torch.distributed gloo (its TCP store on rank 0's
+    node), forced here on one machine."""
+    monkeypatch.setenv("PAGEDCORE_RAY_TP_TRANSPORT", "gloo")
+    with LLM(tiny_folder, tensor_parallel_size=2, distributed_executor_backend="ray", **OPTIONS) as llm:
+        assert all(type(spec).__name__ == "GlooGroupSpec" for spec in llm.llm_engine.worker.tp_group_specs)
+        outputs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == references[0]

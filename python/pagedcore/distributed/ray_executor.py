@@ -101,6 +101,7 @@ class RayExecutor(Executor):
                 placement_group=self._pg, placement_group_bundle_index=rank)).remote())
         self.places = self._wait_all([a.where.remote() for a in self._actors], "start-up")   # [(ip, pid)] by rank
         tp_group = self._tp_group() if layout.tp_size > 1 else None
+        self.tp_group_specs = [tp_group] if tp_group is not None else []   # what the ranks all-reduce over
         inits = [RankInit(model=config.model, dtype=config.dtype, quantization=config.quantization,
                           block_size=config.block_size, rank=rank, layout=layout, tp_group=tp_group,
                           step_channel=None, result_channel=None, prev_stage_channel=None, next_stage_channel=None,
@@ -196,7 +197,10 @@ class RayExecutor(Executor):
                              "rebuild with `make build`") from None
         tp = self.layout.tp_size
         ips = {ip for ip, _ in self.places}
-        if ips == {node_ip()}:
+        # PAGEDCORE_RAY_TP_TRANSPORT=gloo takes the across-machines path on one machine too (the tests
+        # run it so; a cluster whose nodes report one address would need it).
+        force_gloo = os.environ.get("PAGEDCORE_RAY_TP_TRANSPORT", "") == "gloo"
+        if ips == {node_ip()} and not force_gloo:
             tokens = self.config.max_num_batched_tokens or 2048
             spec = comm_spec.create_shm_group(tp, tokens * self.model_config.hidden_size *
                                               self.model_config.torch_dtype.itemsize)
