@@ -112,11 +112,18 @@ def test_default_model_equals_one_process(layout):
         assert llm.llm_engine.scheduler.stats().num_preemptions > 0
 
 
-@pytest.fixture(scope="module")
-def tp2_server():
+SERVE_LAYOUTS = {"tp2": ("--tensor-parallel-size", "2", "tp 2 x pp 1"),
+                 "pp2": ("--pipeline-parallel-size", "2", "tp 1 x pp 2")}
+
+
+@pytest.fixture(scope="module", params=list(SERVE_LAYOUTS))
+def tp2_server(request):
+    """`pagedcore serve` with TP=2, then with PP=2 (the tests using it run once per layout)."""
+    flag, size, started = SERVE_LAYOUTS[request.param]
     grpc_port = free_port()
-    server = ServerProcess("--tensor-parallel-size", "2", "--grpc-port", str(grpc_port))
+    server = ServerProcess(flag, size, "--grpc-port", str(grpc_port))
     server.grpc_port = grpc_port
+    server.started_line = f"started 2 rank(s) ({started})"
     try:
         server.wait_ready()
         yield server
@@ -145,7 +152,7 @@ def test_serve_tp2_openai_completion_equals_one_process(tp2_server, one_process_
             assert reply.choices[0].text == expected
     finally:
         client.close()
-    assert "started 2 rank(s) (tp 2 x pp 1)" in tp2_server.log()
+    assert tp2_server.started_line in tp2_server.log()
 
 
 def test_serve_tp2_grpc_generate_equals_one_process(tp2_server, one_process_texts):
