@@ -85,11 +85,14 @@ def _texts(events: list[str]) -> tuple[str, str | None]:
 def test_a_full_queue_answers_429(server):
     with httpx.Client(timeout=300) as client:
         running, waiting = ([], threading.Event(), threading.Event()), ([], threading.Event(), threading.Event())
-        threads = [_start_stream(client, server.url, "Count to ten:", 16, *running)]
+        # Long enough to still be running while the second request queues, the /metrics poll sees it
+        # and the third is refused, even on a loaded 2-core machine (16 tokens raced: about 0.2 s).
+        threads = [_start_stream(client, server.url, "Count to ten:", 400, *running)]
         assert running[1].wait(120) and running[0][0] == "status 200"   # running: the only sequence
         threads.append(_start_stream(client, server.url, "Hello", 1, *waiting))
         # Queued in the one waiting place (its response starts with its first token, so watch /metrics).
-        assert wait_until(lambda: metric(server.url, "pagedcore:num_requests_waiting") == 1, timeout=120)
+        assert wait_until(lambda: metric(server.url, "pagedcore:num_requests_waiting") == 1, timeout=120,
+                          interval=0.05)
         refused = client.post(server.url + "/v1/completions", headers=auth("key-one"),
                               json={"prompt": "Hi", "max_tokens": 1})
         assert refused.status_code == 429, refused.text
@@ -107,7 +110,7 @@ def test_sigterm_drains_then_exits_0(server):
     with httpx.Client(timeout=300) as client:
         events, first, done = [], threading.Event(), threading.Event()
         # Long enough that the server is still draining while we probe it, even with fast kernels.
-        thread = _start_stream(client, server.url, "Count to ten:", 24, events, first, done)
+        thread = _start_stream(client, server.url, "Count to ten:", 200, events, first, done)
         assert first.wait(120) and events[0] == "status 200"
         server.proc.send_signal(signal.SIGTERM)
         # Draining: probes and new work are turned away while the stream carries on.
