@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <vector>
 
 #include "bindings/bind_common.h"
@@ -16,9 +17,15 @@ void bind_decoder_stack(py::module_& m) {
       m, "DecoderStack", "Weight pointers of every decoder layer (pagedcore.layers.decoder_stack builds it).")
       .def(py::init([](const std::vector<std::vector<uintptr_t>>& layer_ptrs, int64_t hidden_size, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, int64_t intermediate_size, double rms_norm_eps,
-                       double attn_scale, int32_t dtype, int32_t isa) {
+                       double attn_scale, int32_t dtype, int32_t isa,
+                       const std::optional<std::vector<std::vector<std::optional<kernels::WeightFormat>>>>& formats,
+                       const std::optional<std::vector<std::vector<uintptr_t>>>& scales) {
              kernels::DecoderStack s;
-             for (const auto& v : layer_ptrs) {
+             const size_t num_layers = layer_ptrs.size();
+             if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers))
+               throw py::value_error("linear_formats and linear_scales need one entry per layer");
+             for (size_t l = 0; l < num_layers; ++l) {
+               const auto& v = layer_ptrs[l];
                if (v.size() != 9)
                  throw py::value_error("each layer needs 9 pointers: input_norm, post_norm, q_norm, k_norm, qkv, "
                                        "qkv_bias, o_proj, gate_up, down");
@@ -32,6 +39,20 @@ void bind_decoder_stack(py::module_& m) {
                w.o_proj = ptr<const void>(v[6]);
                w.gate_up = ptr<const void>(v[7]);
                w.down = ptr<const void>(v[8]);
+               // Per linear (qkv, o_proj, gate_up, down): its weight format (None: dense, the stack's
+               // dtype) and the fp32 per-row scales of an int8_per_channel weight (0: none).
+               for (int i = 0; i < kernels::kNumStackLinears; ++i) {
+                 if (formats) {
+                   if ((*formats)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's linear_formats has 4 entries: qkv, o_proj, gate_up, down");
+                   w.format[i] = (*formats)[l][i];
+                 }
+                 if (scales) {
+                   if ((*scales)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's linear_scales has 4 entries: qkv, o_proj, gate_up, down");
+                   w.scales[i] = ptr<const float>((*scales)[l][i]);
+                 }
+               }
                s.layers.push_back(w);
              }
              s.sizes.hidden_size = hidden_size;
@@ -47,7 +68,8 @@ void bind_decoder_stack(py::module_& m) {
            }),
            py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
-           py::arg("dtype"), py::arg("isa") = -1)
+           py::arg("dtype"), py::arg("isa") = -1, py::arg("linear_formats") = py::none(),
+           py::arg("linear_scales") = py::none())
       .def(
           "run",
           [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,

@@ -10,6 +10,7 @@
 #include "kernels/cache_kernels.h"
 #include "kernels/norm.h"
 #include "kernels/paged_attention.h"
+#include "kernels/quant_linear.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -48,6 +49,17 @@ Status check(const DecoderStackParams& p) {
     if (!w.input_norm || !w.post_norm || !w.qkv || !w.o_proj || !w.gate_up || !w.down ||
         (w.q_norm == nullptr) != (w.k_norm == nullptr))
       return Status::invalid("decoder_stack: layer " + str(l) + " misses a weight");
+    for (int i = 0; i < kNumStackLinears; ++i) {
+      // A dense weight is read as the activations' dtype; the quantized formats carry their own.
+      const WeightFormat f = w.format[i].value_or(dense_weight_format(p.dtype));
+      if (!is_quantized_format(f) && f != dense_weight_format(p.dtype))
+        return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
+                               " weight in a stack of " +
+                               (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");
+      if ((f == WeightFormat::kInt8PerChannel) != (w.scales[i] != nullptr))
+        return Status::invalid("decoder_stack: layer " + str(l) + ": per-row scales go with int8_per_channel "
+                               "weights, and only with them");
+    }
   }
   return Status::ok();
 }
@@ -117,12 +129,13 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
   void* act = StackWorkspace::get(ws.act, T * I * es);       // [T, I] SwiGLU output
 
   // Linear calls differ in weights, sizes and epilogue only.
-  auto linear_call = [&](const void* weight, const void* bias, int64_t N, int64_t K, const void* x, void* out,
-                         LinearEpilogue epilogue) {
+  auto linear_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* weight, const void* bias,
+                         int64_t N, int64_t K, const void* x, void* out, LinearEpilogue epilogue) {
     LinearParams lp;
     lp.out = out;
     lp.x = x;
     lp.weight = weight;
+    lp.weight_scales = w.scales[which];
     lp.bias = bias;
     lp.M = T;
     lp.N = N;
@@ -130,7 +143,7 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     lp.x_stride = K;
     lp.out_stride = epilogue == LinearEpilogue::kSiluMul ? N / 2 : N;
     lp.x_dtype = lp.bias_dtype = lp.out_dtype = t;
-    lp.weight_format = dense_weight_format(t);
+    lp.weight_format = w.format[which].value_or(dense_weight_format(t));
     lp.epilogue = epilogue;
     return linear(lp, isa);
   };
@@ -164,7 +177,7 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     if (!st.is_ok()) return st;
     clock.mark(kStackNorms);
     // q | k | v
-    if (!(st = linear_call(w.qkv, w.qkv_bias, qkv_size, E, h, qkv, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = linear_call(w, kStackQkvProj, w.qkv, w.qkv_bias, qkv_size, E, h, qkv, LinearEpilogue::kNone)).is_ok()) return st;
     clock.mark(kStackQkv);
     if (w.q_norm) {  // Qwen3: each head normalised over D, in place
       for (int64_t tok = 0; tok < T; ++tok) {
@@ -235,14 +248,14 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     if (num_actual < T) std::memset(at(attn, num_actual * q_size, t), 0, (T - num_actual) * q_size * es);
     clock.mark(kStackAttention);
     // o_proj, then post_attention_layernorm with the residual add
-    if (!(st = linear_call(w.o_proj, nullptr, E, q_size, attn, tmp, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = linear_call(w, kStackOProjLinear, w.o_proj, nullptr, E, q_size, attn, tmp, LinearEpilogue::kNone)).is_ok()) return st;
     clock.mark(kStackOProj);
     if (!(st = norm_call(w.post_norm, tmp, p.residual, h, T, E, E)).is_ok()) return st;
     clock.mark(kStackNorms);
     // MLP
-    if (!(st = linear_call(w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
+    if (!(st = linear_call(w, kStackGateUpProj, w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
     clock.mark(kStackGateUp);
-    if (!(st = linear_call(w.down, nullptr, E, I, act, p.hidden, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = linear_call(w, kStackDownProj, w.down, nullptr, E, I, act, p.hidden, LinearEpilogue::kNone)).is_ok()) return st;
     clock.mark(kStackDown);
   }
   return Status::ok();

@@ -28,7 +28,13 @@
 namespace pagedcore {
 namespace kernels {
 
-// One layer's weights (contiguous, the stack's dtype), bound once at load.
+// The four linear layers of a decoder layer, in the order of DecoderLayerWeights' format / scales.
+enum StackLinear { kStackQkvProj = 0, kStackOProjLinear, kStackGateUpProj, kStackDownProj, kNumStackLinears };
+
+// One layer's weights, bound once at load. Norms and biases are contiguous in the stack's dtype;
+// each linear weight is stored as its `format` says: unset, dense rows of the stack's dtype;
+// otherwise a quantized format of linear.h (GGUF blocks as stored, or int8 per channel with its
+// fp32 per-row `scales`), run by the same quantized kernels the Python layers call.
 struct DecoderLayerWeights {
   const void* input_norm = nullptr;  // [E]
   const void* post_norm = nullptr;   // [E]
@@ -39,6 +45,8 @@ struct DecoderLayerWeights {
   const void* o_proj = nullptr;      // [E, H D]
   const void* gate_up = nullptr;     // [2 I, E]: gate rows, then up rows
   const void* down = nullptr;        // [E, I]
+  std::optional<WeightFormat> format[kNumStackLinears];  // unset: dense_weight_format(dtype)
+  const float* scales[kNumStackLinears] = {};           // [N] fp32 for kInt8PerChannel, else nullptr
 };
 
 struct DecoderStackParams {

@@ -38,11 +38,24 @@ KQUANT_TYPES = {
 }
 
 
-def write_kquant_gguf(path) -> str:
+# The same model with one format per linear layer (what the C++ decoder stack runs): layer 0 in
+# Q4_K with a Q6_K down, layer 1 in Q5_K with a Q6_K gate_up; the table Q4_K, the LM head Q6_K.
+KQUANT_UNIFORM_TYPES = {
+    "token_embd.weight": T.Q4_K, "output.weight": T.Q6_K,
+    **{f"blk.0.{name}.weight": T.Q4_K for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                    "ffn_up")},
+    "blk.0.ffn_down.weight": T.Q6_K,
+    **{f"blk.1.{name}.weight": T.Q5_K for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_down")},
+    "blk.1.ffn_gate.weight": T.Q6_K, "blk.1.ffn_up.weight": T.Q6_K,
+}
+
+
+def write_kquant_gguf(path, types: dict | None = None) -> str:
+    """The k-quant model with KQUANT_TYPES (or `types`: GGUF tensor -> type; the rest F32)."""
     hf_model = kquant_hf_model()
     shapes = {tiny_gguf.gguf_name(name): tuple(p.shape) for name, p in hf_model.state_dict().items()}
     raw = {name: (random_blocks(qtype, shapes[name][0], shapes[name][1], seed=index), qtype)
-           for index, (name, qtype) in enumerate(KQUANT_TYPES.items())}
+           for index, (name, qtype) in enumerate((types or KQUANT_TYPES).items())}
     return tiny_gguf.write_gguf(hf_model, path, T.F32, "llama", tokenizer=tiny_models.make_tokenizer(),
                                 raw_tensors=raw)
 

@@ -70,8 +70,12 @@ def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def use_reference_kernels(monkeypatch) -> None:
-    """Every QuantLinearKernel built from now on in this test is the oracle."""
+    """Every QuantLinearKernel built from now on in this test is the oracle (models loaded from now
+    on run the Python layer loop: the C++ decoder stack calls the kernels without this binding; it
+    is held to the layer loop by test_quant_stack.py)."""
     from pagedcore.ops import quant_linear
+
+    monkeypatch.setenv("PAGEDCORE_DECODER_STACK", "0")
 
     monkeypatch.setattr(quant_linear, "QuantLinearKernel", ReferenceQuantLinear)
 
@@ -83,6 +87,8 @@ class CheckedKernels:
 
     def __init__(self, monkeypatch):
         from pagedcore.ops import quant_linear
+
+        monkeypatch.setenv("PAGEDCORE_DECODER_STACK", "0")  # every call through this binding (see above)
 
         real = quant_linear.QuantLinearKernel
         self.worst: dict[str, float] = {}  # format -> largest relative error of any call

@@ -22,8 +22,10 @@ import torch
 from pagedcore.layers.attention import Attention, AttentionMetadata
 from pagedcore.layers.layernorm import RMSNorm
 from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear
+from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
 from pagedcore.ops.linear import max_rows
+from pagedcore.ops.quant_linear import FORMAT_ENUMS, INT8_FORMAT, QUANT_FORMATS, row_bytes
 
 
 @dataclasses.dataclass
@@ -39,13 +41,24 @@ class LayerTensors:
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
     down: torch.Tensor  # [hidden, intermediate]
+    # Per linear (_LINEAR_FIELDS order): None for dense rows of the model dtype, or a quantized
+    # format of ops/quant_linear.py (the tensor is then that format's bytes: uint8 [N, row_bytes],
+    # int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
+    formats: tuple[str | None, ...] = (None, None, None, None)
+    scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
 
 
 # What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
 # Rope scaling of any kind is in: the stack reads the cos/sin rows the Python RotaryEmbedding made.
 STACK_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
-# Model dtype -> the one weight format the stack reads at that dtype (dense, its dtype code).
+# Model dtype -> the dense weight format the stack reads at that dtype (dense, its dtype code).
 STACK_WEIGHT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# Quantized linear layers (layers/linear_quant.py) of one format over all their rows run in the
+# stack too, by the same kernels: ops/quant_linear.py's formats.
+STACK_QUANT_FORMATS = frozenset(QUANT_FORMATS)
+# A quantized step calls the same kernel at every row count (there is no GEMM to hand large steps
+# to), so the stack takes steps of any size; the bound only keeps its activation buffers sane.
+QUANT_STACK_MAX_ROWS = 1 << 16
 # Every tensor of a decoder layer the stack reads: parameter name -> LayerTensors field. A layer
 # parameter not named here (an o_proj bias, an adapter's matrices) is one the stack would ignore.
 _LAYER_PARAMS = {
@@ -55,6 +68,7 @@ _LAYER_PARAMS = {
     "mlp.gate_up_proj.weight": "gate_up", "mlp.down_proj.weight": "down",
 }
 _LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of _LINEAR_LEAVES, the binding's order
 _NORM_LEAVES = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 # Why a tensor-parallel shard runs the layer loop: the stack runs every layer in one call, but each
 # layer's o_proj and down_proj outputs must be summed over the ranks before the next op.
@@ -79,7 +93,8 @@ def decoder_stack_support(config, layers) -> StackSupport:
                   (RMSNorm, Linear, MergedLinear, Attention), q_norm and k_norm both or neither:
                   a wrapper, adapter or new module is something the stack would skip
       tensors     the layer's parameters are those in _LAYER_PARAMS (bias on qkv only), no buffers
-      formats     every Linear has the dense method of the model dtype and the layer dtype out
+      formats     every Linear has the dense method of the model dtype, or is quantized in one
+                  format over all its rows (QuantLinearMethod with one part), and the layer dtype out
       constants   norms use config.rms_norm_eps; attention scale and head counts as layer 0's
       placement   every tensor a contiguous CPU tensor of the model dtype and the expected shape
     """
@@ -118,9 +133,9 @@ def decoder_stack_support(config, layers) -> StackSupport:
             linear = leaves.get(name)
             if linear is None:
                 return StackSupport(False, f"{where} lacks {name}")
-            if linear.method.format != STACK_WEIGHT_FORMATS[dtype] or linear.out_dtype is not None:
-                return StackSupport(False, f"{where} {name} has weight format {linear.method.format!r} (out dtype "
-                                           f"{linear.out_dtype}); the stack reads {STACK_WEIGHT_FORMATS[dtype]!r}")
+            problem = _linear_format_problem(linear, dtype)
+            if problem:
+                return StackSupport(False, f"{where} {name} {problem}")
         norm_eps = {leaves[name].eps for name in _NORM_LEAVES if name in leaves}
         if norm_eps != {config.rms_norm_eps}:
             return StackSupport(False, f"{where} has RMSNorm eps {sorted(norm_eps)}, not the config's "
@@ -135,10 +150,41 @@ def decoder_stack_support(config, layers) -> StackSupport:
     return StackSupport(False, problem) if problem else StackSupport(True)
 
 
+def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
+    """Why the stack cannot run this linear layer as the Python layer does ("" if it can)."""
+    if linear.out_dtype is not None:
+        return f"returns {linear.out_dtype}, not the layer dtype"
+    if isinstance(linear.method, QuantLinearMethod):
+        parts = linear.quant_parts
+        if len(parts) != 1 or parts[0].num_rows != linear.out_features:
+            return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs one format per "
+                    "layer (a file that mixes block types inside one fused layer runs the Python layer loop)")
+        fmt = parts[0].format
+        if fmt in STACK_QUANT_FORMATS:
+            return ""
+        # A float tensor of a quantized file runs torch's F.linear in the layer (other rounding than the
+        # stack's dense kernel): rare in real files (llama.cpp quantizes every matrix), so not worth a rule.
+        return f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs {sorted(STACK_QUANT_FORMATS)}"
+    if linear.method.format != STACK_WEIGHT_FORMATS[dtype]:
+        return (f"has weight format {linear.method.format!r}; the stack reads {STACK_WEIGHT_FORMATS[dtype]!r} or "
+                f"{sorted(STACK_QUANT_FORMATS)}")
+    return ""
+
+
+def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
+    """(quantized format or None for dense, int8_per_channel scales or None) of a layer the stack runs."""
+    if isinstance(linear.method, QuantLinearMethod):
+        part = linear.quant_parts[0]
+        return part.format, part.scales
+    return None, None
+
+
 def layer_tensors(layer) -> LayerTensors:
     """The tensors the stack reads from one Llama-family decoder layer (None where absent)."""
     params = dict(layer.named_parameters())
-    return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()})
+    formats = [_linear_format(layer.get_submodule(name)) for name in _LINEAR_LEAVES]
+    return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()},
+                        formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats))
 
 
 def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -151,16 +197,37 @@ def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
             "gate_up": (2 * intermediate_size, hidden_size), "down": (hidden_size, intermediate_size)}
 
 
+def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer: LayerTensors
+                  ) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype a field's tensor is stored with: a quantized linear weight [N, K] is N
+    rows of its format's bytes."""
+    if field in _LINEAR_FIELDS:
+        fmt = layer.formats[_LINEAR_FIELDS.index(field)]
+        if fmt is not None:
+            n, k = shape
+            return ((n, k), torch.int8) if fmt == INT8_FORMAT else ((n, row_bytes(fmt, k)), torch.uint8)
+    return shape, dtype
+
+
 def _tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> str:
     """Why the stack cannot read these tensors ("" if it can)."""
     for index, layer in enumerate(layers):
-        for field, shape in shapes.items():
+        for field, logical_shape in shapes.items():
             t = getattr(layer, field)
             if t is None:
                 continue
-            if t.shape != shape or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+            try:
+                shape, want = _stored_shape(field, logical_shape, dtype, layer)
+            except ValueError as e:  # K not a multiple of the format's block
+                return f"layer {index} {field}: {e}"
+            if t.shape != shape or t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
                 return (f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: "
-                        f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {dtype} tensor of shape {shape}")
+                        f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
+        for fmt, scales, field in zip(layer.formats, layer.scales, _LINEAR_FIELDS):
+            rows = shapes[field][0]
+            if (fmt == INT8_FORMAT) != (scales is not None) or (scales is not None and (
+                    scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
+                return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
         if (layer.q_norm is None) != (layer.k_norm is None):
             return f"layer {index}: q_norm and k_norm come together"
     return ""
@@ -171,9 +238,9 @@ class DecoderStack:
                  head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float):
         from pagedcore import _core
 
-        dtype = layers[0].qkv.dtype
+        dtype = layers[0].input_norm.dtype  # the activations' (quantized weights carry their own format)
         if dtype not in _DTYPE_CODE:
-            raise TypeError(f"DecoderStack runs fp32 or bf16 weights, not {dtype}")
+            raise TypeError(f"DecoderStack runs fp32 or bf16 activations, not {dtype}")
         shapes = _shapes(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size)
         problem = _tensor_problem(layers, shapes, dtype)
         if problem:
@@ -184,11 +251,19 @@ class DecoderStack:
         self.dtype = dtype
         self.hidden_size, self.head_dim, self.num_layers = hidden_size, head_dim, len(layers)
         self.num_kv_heads = num_kv_heads
-        self.max_rows = max_rows(dtype)
+        # A dense layer hands steps past max_rows to a GEMM library (other rounding): only an all-quantized
+        # stack takes every step.
+        quantized = all(fmt is not None for layer in layers for fmt in layer.formats)
+        self.max_rows = QUANT_STACK_MAX_ROWS if quantized else max_rows(dtype)
+        self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
+        formats = [[None if fmt is None else FORMAT_ENUMS[fmt] for fmt in layer.formats] for layer in layers]
+        scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
+        self._scales = [layer.scales for layer in layers]  # kept alive with the weights
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
-                                         rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1)
+                                         rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
+                                         linear_formats=formats, linear_scales=scales)
 
     def set_profiling(self, on: bool) -> None:
         """Time every op inside the stack (a benchmark aid; ~1 us a step)."""
@@ -201,7 +276,7 @@ class DecoderStack:
 
     def matches(self, qkv_weight: torch.Tensor) -> bool:
         """Still bound to the model's weights (False after model.to() or a reload into new tensors)."""
-        return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self.dtype
+        return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype
 
     def takes(self, hidden: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return 0 < hidden.shape[0] <= self.max_rows and hidden.is_cpu and kv_cache.is_cpu

@@ -29,7 +29,8 @@ QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,)
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
 _BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
            "q6_k": (256, 210), INT8_FORMAT: (1, 1)}
-_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
+# Format name -> the kernel enum (cpp/kernels/linear.h WeightFormat).
+FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
           "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
           INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
@@ -122,7 +123,7 @@ class QuantLinearKernel:
         self.weight_ptr = weight.data_ptr()
         self._handle = _core.LinearHandle(
             weight=self.weight_ptr, bias=bias.data_ptr() if bias is not None else 0, N=N, K=K,
-            x_dtype=CPU_DTYPE_CODES[x_dtype], weight_format=_ENUMS[fmt], bias_dtype=bias_code,
+            x_dtype=CPU_DTYPE_CODES[x_dtype], weight_format=FORMAT_ENUMS[fmt], bias_dtype=bias_code,
             out_dtype=CPU_DTYPE_CODES[out_dtype], epilogue=_EPILOGUE_SILU_MUL if silu_mul else _EPILOGUE_NONE,
             isa=isa_code(isa), weight_scales=scales.data_ptr() if scales is not None else 0)
 
