@@ -2,9 +2,14 @@
 // (a layer's weight-side arguments bound once at load, so a decode call passes five numbers), the
 // task-size knobs and the read-bandwidth probe. pagedcore.ops.linear checks the tensors.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
 
 #include "bindings/bind_common.h"
 #include "kernels/linear.h"
+#include "kernels/quant_linear.h"
 
 namespace pagedcore {
 namespace bindings {
@@ -19,7 +24,10 @@ void bind_linear(py::module_& m) {
       .value("Q8_0", kernels::WeightFormat::kQ8_0)
       .value("Q4_K", kernels::WeightFormat::kQ4_K)
       .value("Q5_K", kernels::WeightFormat::kQ5_K)
-      .value("Q6_K", kernels::WeightFormat::kQ6_K);
+      .value("Q6_K", kernels::WeightFormat::kQ6_K)
+      .value("Q4_0X16", kernels::WeightFormat::kQ4_0x16)
+      .value("Q4_1X16", kernels::WeightFormat::kQ4_1x16)
+      .value("Q8_0X16", kernels::WeightFormat::kQ8_0x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,
@@ -61,6 +69,15 @@ void bind_linear(py::module_& m) {
       [](int64_t n_chunk, int64_t m_chunk) { kernels::set_linear_tuning({n_chunk, m_chunk}); },
       py::arg("n_chunk") = 0, py::arg("m_chunk") = 0,
       "Task sizes of the linear kernel (tests, benchmarks); 0 restores a default.");
+  m.def(
+      "quant_kernel_isa_for",
+      [](kernels::WeightFormat format, int32_t isa) -> std::optional<std::string> {
+        const kernels::Isa mapped = kernels::quant_kernel_isa(isa_or_active(isa), isa < 0);
+        if (!kernels::has_quant_kernel(format, mapped)) return std::nullopt;
+        return std::string(kernels::isa_name(mapped));
+      },
+      py::arg("weight_format"), py::arg("isa") = -1,
+      "The ISA whose quantized kernels run weight_format for isa (-1: the active one), or None.");
   m.def(
       "linear_read_probe",
       [](uintptr_t data, int64_t bytes, int threads, int32_t isa) {

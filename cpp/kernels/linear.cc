@@ -169,6 +169,9 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ4_K: return "q4_k";
     case WeightFormat::kQ5_K: return "q5_k";
     case WeightFormat::kQ6_K: return "q6_k";
+    case WeightFormat::kQ4_0x16: return "q4_0x16";
+    case WeightFormat::kQ4_1x16: return "q4_1x16";
+    case WeightFormat::kQ8_0x16: return "q8_0x16";
   }
   return "unknown";
 }

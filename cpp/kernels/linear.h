@@ -32,6 +32,9 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //                    W8A8 with one dynamic scale per row of x.
 //   kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K: GGUF blocks in ggml's exact byte layout
 //                    (quant_blocks.h), N rows of K / block blocks (32 weights; 256 for the k-quants).
+//   kQ4_0x16, kQ4_1x16, kQ8_0x16: the same blocks repacked once at load, 16 weight rows interleaved
+//                    (quant_blocks.h BlockQ*x16; N a multiple of 16; the same bytes per weight), so
+//                    one vector of integer products holds 16 output columns (quant_x16_impl.h).
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -42,8 +45,11 @@ enum class WeightFormat : int32_t {
   kQ4_K = 6,
   kQ5_K = 7,
   kQ6_K = 8,
+  kQ4_0x16 = 9,
+  kQ4_1x16 = 10,
+  kQ8_0x16 = 11,
 };
-constexpr int kNumWeightFormats = 9;
+constexpr int kNumWeightFormats = 12;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);

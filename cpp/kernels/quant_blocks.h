@@ -58,7 +58,33 @@ struct BlockQ6_K {
   uint16_t d;          // fp16 super-block scale
 };
 
+// Repacked: 16 weight rows' blocks of the same 32 weights, interleaved so that one 64-byte vector
+// holds 4 consecutive weights of each of the 16 rows (row r's 4 bytes at 4 r). A tensor of N rows is
+// N / 16 row groups, each K / 32 of these blocks in K order (the same bytes as N ggml rows). Built by
+// pagedcore.ops.quant_repack.
+//   Q4_0x16 / Q4_1x16: qs[j] (j = 0..3) holds, for row r, ggml qs bytes 4 j .. 4 j + 3 of that row:
+//                      low nibbles weights 4 j + t, high nibbles weights 16 + 4 j + t.
+//   Q8_0x16:           qs[j] (j = 0..7) holds weights 4 j .. 4 j + 3 of each row, stored as q + 128
+//                      (unsigned: vpdpbusd multiplies unsigned weights by signed activations).
+struct BlockQ4_0x16 {
+  uint16_t d[16];      // fp16 scale of each row
+  uint8_t qs[4][64];
+};
+struct BlockQ4_1x16 {
+  uint16_t d[16];
+  uint16_t m[16];      // fp16 minimum of each row
+  uint8_t qs[4][64];
+};
+struct BlockQ8_0x16 {
+  uint16_t d[16];
+  uint8_t qs[8][64];   // q + 128
+};
+constexpr int64_t kRowsX16 = 16;
+
 static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
+static_assert(sizeof(BlockQ4_0x16) == 16 * sizeof(BlockQ4_0), "16 rows of Q4_0, repacked");
+static_assert(sizeof(BlockQ4_1x16) == 16 * sizeof(BlockQ4_1), "16 rows of Q4_1, repacked");
+static_assert(sizeof(BlockQ8_0x16) == 16 * sizeof(BlockQ8_0), "16 rows of Q8_0, repacked");
 static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
 static_assert(sizeof(BlockQ4_K) == 144, "ggml block_q4_K layout");

@@ -60,6 +60,10 @@ Status check(const LinearParams& p, int64_t out_cols) {
                            " along K; K = " + str(p.K) + " is not a multiple");
   if (p.weight_format == WeightFormat::kInt8PerChannel && p.K > kMaxInt8K)
     return Status::invalid("linear: int8_per_channel supports K <= " + str(kMaxInt8K) + "; got " + str(p.K));
+  if (is_x16_format(p.weight_format) && (p.N % kRowsX16 != 0 || out_cols % kRowsX16 != 0))
+    return Status::invalid("linear: " + name + " weights are repacked in groups of 16 rows; N = " + str(p.N) +
+                           (out_cols != p.N ? " (" + str(out_cols) + " outputs per half)" : "") +
+                           " is not a multiple of 16");
   if (p.weight_format == WeightFormat::kInt8PerChannel && !p.weight_scales && p.N > 0)
     return Status::invalid("linear: int8_per_channel weights need weight_scales (fp32 [N])");
   if (p.M == 0 || out_cols == 0) return Status::ok();
@@ -96,12 +100,19 @@ Workspace& workspace() {
 
 bool is_quantized_format(WeightFormat f) { return quant_block_size(f) > 0; }
 
+bool is_x16_format(WeightFormat f) {
+  return f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 || f == WeightFormat::kQ8_0x16;
+}
+
 int64_t quant_block_size(WeightFormat f) {
   switch (f) {
     case WeightFormat::kInt8PerChannel: return 1;
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
-    case WeightFormat::kQ8_0: return kBlock32;
+    case WeightFormat::kQ8_0:
+    case WeightFormat::kQ4_0x16:
+    case WeightFormat::kQ4_1x16:
+    case WeightFormat::kQ8_0x16: return kBlock32;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
     case WeightFormat::kQ6_K: return kBlockK;
@@ -112,9 +123,12 @@ int64_t quant_block_size(WeightFormat f) {
 int64_t quant_row_bytes(WeightFormat f, int64_t K) {
   switch (f) {
     case WeightFormat::kInt8PerChannel: return K;
-    case WeightFormat::kQ4_0: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_0));
-    case WeightFormat::kQ4_1: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_1));
-    case WeightFormat::kQ8_0: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ8_0));
+    case WeightFormat::kQ4_0:
+    case WeightFormat::kQ4_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_0));
+    case WeightFormat::kQ4_1:
+    case WeightFormat::kQ4_1x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_1));
+    case WeightFormat::kQ8_0:
+    case WeightFormat::kQ8_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ8_0));
     case WeightFormat::kQ4_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ4_K));
     case WeightFormat::kQ5_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ5_K));
     case WeightFormat::kQ6_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ6_K));
@@ -134,6 +148,11 @@ Isa quant_kernel_isa(Isa isa, bool from_active) {
   }
 }
 
+bool has_quant_kernel(WeightFormat format, Isa isa) {
+  const int f = static_cast<int>(format);
+  return isa_supported(isa) && f >= 0 && f < kNumWeightFormats && quant_isa_kernels(isa).formats[f] != nullptr;
+}
+
 Status quant_linear(const LinearParams& p, Isa isa) {
   const bool silu = p.epilogue == LinearEpilogue::kSiluMul;
   const int64_t out_cols = silu ? p.N / 2 : p.N;
@@ -142,7 +161,10 @@ Status quant_linear(const LinearParams& p, Isa isa) {
   if (!isa_supported(isa))
     return Status::invalid(std::string("linear: this CPU (or build) cannot run the ") + isa_name(isa) + " kernel");
   const QuantBlockFn fn = quant_isa_kernels(isa).formats[static_cast<int>(p.weight_format)];
-  if (!fn) return Status::invalid(std::string("linear: no ") + weight_format_name(p.weight_format) + " kernel");
+  if (!fn)
+    return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
+                           weight_format_name(p.weight_format) + " kernel (the repacked x16 formats run on "
+                           "AVX-512, q8_0x16 with VNNI, and on the portable generic path)");
   // The epilogue of the dense family of the same vector width (VNNI: AVX-512's).
   const LinearIsaKernels& dense = linear_isa_kernels(isa == Isa::kAvx512Vnni ? Isa::kAvx512 : isa);
 
@@ -200,7 +222,8 @@ Status quant_linear(const LinearParams& p, Isa isa) {
     n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
     m_chunk = std::min(M, kTaskRows);
   }
-  n_chunk = std::max<int64_t>(8, round_up(n_chunk, 8));
+  const int64_t n_align = is_x16_format(p.weight_format) ? kRowsX16 : 8;  // whole row groups per task
+  n_chunk = std::max<int64_t>(n_align, round_up(n_chunk, n_align));
   const int64_t n_tasks = (out_cols + n_chunk - 1) / n_chunk;
   const int64_t m_tasks = (M + m_chunk - 1) / m_chunk;
   const bool direct = p.out_dtype == DType::kFloat32 && !p.bias && !silu;

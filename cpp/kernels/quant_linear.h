@@ -18,6 +18,8 @@ namespace kernels {
 
 // True for the formats this family computes (every one but the dense ones).
 bool is_quantized_format(WeightFormat format);
+// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16).
+bool is_x16_format(WeightFormat format);
 // Weights per block along K (32; 256 for the k-quants; 1 for kInt8PerChannel), and the bytes of one
 // weight row of K weights (K a multiple of the block); -1 for a dense or unknown format.
 int64_t quant_block_size(WeightFormat format);
@@ -26,6 +28,10 @@ int64_t quant_row_bytes(WeightFormat format, int64_t K);
 // The kernels of the family that run for `isa` (rule in cpu_isa.h): `from_active` is true when the
 // caller named no ISA (the active one), which on a CPU with AVX512-VNNI promotes avx512 to it.
 Isa quant_kernel_isa(Isa isa, bool from_active);
+
+// Whether the kernels of `isa` (already mapped by quant_kernel_isa()) compute `format`: every ISA
+// runs the GGUF and int8 formats; the repacked x16 formats run where a 16-lane kernel exists.
+bool has_quant_kernel(WeightFormat format, Isa isa);
 
 // The checked call (linear.h's contract). `isa` is already mapped by quant_kernel_isa().
 Status quant_linear(const LinearParams& p, Isa isa);

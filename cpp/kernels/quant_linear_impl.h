@@ -371,6 +371,21 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
   }
 }
 
+#ifdef PC_X16
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore
+#include "kernels/quant_x16_impl.h"
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+#define PC_X16_FN(kind) &x16::block<kind>
+#define PC_X16_Q8_FN (x16::X::kQ8 ? &x16::block<0> : nullptr)
+#else  // no repacked kernels for this ISA (the loader does not repack for it)
+#define PC_X16_FN(kind) nullptr
+#define PC_X16_Q8_FN nullptr
+#endif
+
 const QuantIsaKernels kQuantKernels = {{
     /* kDenseF32 */ nullptr,
     /* kDenseBf16 */ nullptr,
@@ -381,7 +396,12 @@ const QuantIsaKernels kQuantKernels = {{
     /* kQ4_K */ &block<BlocksK<BlockQ4_K, 4>>,
     /* kQ5_K */ &block<BlocksK<BlockQ5_K, 5>>,
     /* kQ6_K */ &block<BlocksK<BlockQ6_K, 6>>,
+    /* kQ4_0x16 */ PC_X16_FN(1),
+    /* kQ4_1x16 */ PC_X16_FN(2),
+    /* kQ8_0x16 */ PC_X16_Q8_FN,
 }};
+#undef PC_X16_FN
+#undef PC_X16_Q8_FN
 
 const QuantIsaKernels& quant_kernels() { return kQuantKernels; }
 

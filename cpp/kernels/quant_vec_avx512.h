@@ -113,6 +113,36 @@ struct QVecAvx512 {
   static float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 };
 
+// The 16-lane trait of the repacked kernels (quant_x16_impl.h): lane l = output column l of a
+// 16-row group. BW (vpmaddubsw) sums byte pairs in int16: fine for nibbles (2 * 15 * 127), not for
+// Q8_0x16's bytes up to 255, so kQ8 only with VNNI.
+template <bool kVnni>
+struct X16Avx512 {
+  static constexpr int kMaxRows = 8;  // 8 int32 + 8 fp32 accumulators + 6 working zmm of 32
+  static constexpr bool kQ8 = kVnni;
+  using V = __m512i;
+  using I = __m512i;
+  using F = __m512;
+  static V load(const void* p) { return _mm512_loadu_si512(p); }
+  static V lo4(V v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static V hi4(V v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static I izero() { return _mm512_setzero_si512(); }
+  static I dot4(I acc, V w, const int8_t* x4) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m512i x = _mm512_set1_epi32(four);
+    if (kVnni) return _mm512_dpbusd_epi32(acc, w, x);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+  }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F half16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F mul_s(F a, float s) { return _mm512_mul_ps(a, _mm512_set1_ps(s)); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fmadd_s(F a, float s, F c) { return _mm512_fmadd_ps(a, _mm512_set1_ps(s), c); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+};
+
 }  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore

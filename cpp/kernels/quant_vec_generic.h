@@ -25,6 +25,7 @@
 #error "define PC_ISA_NAMESPACE (the kernel unit's namespace) before including quant_vec_generic.h"
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -210,6 +211,59 @@ struct QVecGeneric {
     std::memcpy(&f, &bits, sizeof f);
     return f;
   }
+};
+
+// The 16-lane trait of the repacked kernels (quant_x16_impl.h) in portable C++: the reference
+// arithmetic of the SIMD traits (int32 sums, fp32 FMAs), on any CPU.
+struct X16Generic {
+  static constexpr int kMaxRows = 4;
+  static constexpr bool kQ8 = true;
+  struct V { uint8_t b[64]; };
+  struct I { int32_t v[16]; };
+  struct F { float v[16]; };
+  static V load(const void* p) {
+    V r;
+    std::memcpy(r.b, p, sizeof r.b);
+    return r;
+  }
+  static V lo4(V v) {
+    for (uint8_t& b : v.b) b &= 0x0F;
+    return v;
+  }
+  static V hi4(V v) {
+    for (uint8_t& b : v.b) b >>= 4;
+    return v;
+  }
+  static I izero() { return I{}; }
+  static I dot4(I acc, const V& w, const int8_t* x4) {
+    for (int l = 0; l < 16; ++l)
+      for (int t = 0; t < 4; ++t) acc.v[l] += static_cast<int32_t>(w.b[4 * l + t]) * x4[t];
+    return acc;
+  }
+  static F fzero() { return F{}; }
+  static F cvt(const I& a) {
+    F r;
+    for (int l = 0; l < 16; ++l) r.v[l] = static_cast<float>(a.v[l]);
+    return r;
+  }
+  static F half16(const uint16_t* p) {
+    F r;
+    for (int l = 0; l < 16; ++l) r.v[l] = QVecGeneric<1, false>::half_to_float(p[l]);
+    return r;
+  }
+  static F mul_s(F a, float s) {
+    for (float& v : a.v) v *= s;
+    return a;
+  }
+  static F fmadd(const F& a, const F& b, F c) {
+    for (int l = 0; l < 16; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    return c;
+  }
+  static F fmadd_s(const F& a, float s, F c) {
+    for (int l = 0; l < 16; ++l) c.v[l] = std::fma(a.v[l], s, c.v[l]);
+    return c;
+  }
+  static void store(float* p, const F& a) { std::memcpy(p, a.v, sizeof a.v); }
 };
 
 }  // namespace PC_ISA_NAMESPACE

@@ -34,6 +34,10 @@ def dequantize_weight(weight: torch.Tensor, weight_format: str, K: int,
     """[N, row_bytes] blocks (or int8 [N, K] + scales [N]) -> fp64 [N, K]."""
     if weight_format == "int8_per_channel":
         return weight.double() * scales.double()[:, None]
+    if weight_format.endswith("x16"):  # repacked 16-row groups: the file's rows again, then as below
+        from pagedcore.ops.quant_repack import unpack_x16
+
+        weight, weight_format = unpack_x16(weight, weight_format, K), weight_format.removesuffix("x16")
     values = gguf_quants.dequantize(np.ascontiguousarray(weight.numpy()), FORMATS[weight_format])
     return torch.from_numpy(values.reshape(weight.shape[0], K)).double()
 
@@ -97,7 +101,7 @@ class CheckedKernels:
 
         class Checked:
             def __init__(self, weight, weight_format, K, bias=None, **kwargs):
-                self.format = weight_format
+                self.format = weight_format.removesuffix("x16")  # recorded by file format (repacked or not)
                 self.kernel = real(weight, weight_format, K, bias, **kwargs)
                 self.oracle = ReferenceQuantLinear(weight, weight_format, K, bias, **kwargs)
 

@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.loader import load_model
+from pagedcore.ops.quant_repack import repackable
 
 from ..models.paged_driver import PagedDriver
 from . import quant_models
@@ -93,6 +94,7 @@ def test_blocks_stay_blocks_and_the_stack_runs_them(tmp_path):
     assert model.model.embed_tokens.weight.dtype == torch.uint8
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.uint8 and qkv.weight.shape == (qkv.out_features, qkv.in_features // 32 * 20)
+    assert qkv.method.formats(qkv) == [repackable("q4_1", qkv.out_features) or "q4_1"]  # same bytes either way
     assert set(loaded.weight_bytes) == {"q4_1", "q8_0", "float32"}
     assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
-    assert model.model._decoder_stack().formats == ["q4_1"]
+    assert model.model._decoder_stack().formats == [repackable("q4_1", qkv.out_features) or "q4_1"]

@@ -103,6 +103,10 @@ class LinearMethod:
         """x [..., in] -> y [..., out] (layer.out_dtype, or x's dtype when that is None)."""
         raise NotImplementedError
 
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        """Called once every checkpoint tensor of the model is loaded (vLLM's name): a format that
+        re-lays its weights out for the kernels does it here, once. Nothing by default."""
+
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a gate/up layer (gate rows first): [num_tokens, in] -> [num_tokens, out // 2]."""
         raise NotImplementedError

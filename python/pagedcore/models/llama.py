@@ -338,4 +338,7 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"the checkpoint does not fill {len(missing)} parameter(s): {shown}")
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.method.process_weights_after_loading(module)  # e.g. quantized rows repacked
         self.model.refresh_decoder_stack()

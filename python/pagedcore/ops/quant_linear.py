@@ -19,20 +19,23 @@ from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.linear import explain_bad_x
 from pagedcore.ops.linear_isa import isa_code
 
-__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "QuantLinearKernel", "block_size", "row_bytes",
+__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "X16_FORMATS", "QuantLinearKernel", "block_size", "row_bytes",
            "quantize_int8_per_channel"]
 
 GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 INT8_FORMAT = "int8_per_channel"
-QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,)
+# GGUF blocks repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same bytes.
+X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16")
+QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS
 
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
 _BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
-           "q6_k": (256, 210), INT8_FORMAT: (1, 1)}
+           "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34)}
 # Format name -> the kernel enum (cpp/kernels/linear.h WeightFormat).
 FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
           "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
-          INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL}
+          INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL, "q4_0x16": _core.WeightFormat.Q4_0X16,
+          "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
 
 

@@ -1,0 +1,147 @@
+// The repacked 16-row kernels (WeightFormat kQ4_0x16, kQ4_1x16, kQ8_0x16; layouts in
+// quant_blocks.h), written once against a 16-lane trait X and included by quant_linear_impl.h in each
+// per-ISA namespace that defines PC_X16 (the trait) before including it.
+//
+// Why a second layout: in ggml's layout one vector of integer products covers 32 weights of ONE
+// row, so every block of every (row of x, weight row) pair pays a conversion, a scale broadcast and
+// an FMA, and a dot product ends in a horizontal sum. Here lane l of every vector is output column
+// l of a 16-row group: one vpdpbusd adds 4 weights x 4 activations into each of the 16 columns (the
+// activations' 4 bytes broadcast), and a block (32 weights) ends with one conversion and two FMAs
+// per row of x for all 16 columns, the scales of the 16 rows loaded as one vector.
+//
+// Per block b of a row group and row r of x (d_x, s_x = d_x sum(q_x): QuantizedX.d, .s):
+//   out[r, col] += d_w[col] * (d_x * sum_k u[col, k] q_x[k]) + c_w[col] * s_x
+// with u the stored unsigned weights: Q4_0 nibble (c_w = -8 d_w), Q4_1 nibble (c_w = m), Q8_0 q + 128
+// (c_w = -128 d_w): the offset of the stored integer times sum(x) is the s_x term.
+//
+// Trait X (16 int32 / fp32 lanes):
+//   V (64 weight bytes), I (16 int32), F (16 fp32); kQ8 (Q8_0x16 runs: products of bytes up to 255
+//   do not saturate, true for vpdpbusd, false for vpmaddubsw's int16 pairs)
+//   V load(p); V lo4(V), hi4(V) (nibbles as bytes); I izero(); I dot4(I acc, V w, const int8_t* x4)
+//   (acc[l] += sum_t w[4 l + t] x4[t]); F fzero(); F cvt(I); F half16(const uint16_t*);
+//   F mul_s(F, float); F fmadd(F a, F b, F c); F fmadd_s(F a, float s, F c); void store(float*, F)
+#ifndef PC_ISA_NAMESPACE
+#error "include quant_x16_impl.h from quant_linear_impl.h"
+#endif
+
+#include <cstdint>
+
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_linear.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+namespace x16 {
+
+using X = PC_X16;
+
+// Rows of x per tile: their int32 and fp32 accumulators stay in registers (X::kMaxRows).
+constexpr int kMaxRows = X::kMaxRows;
+// Blocks ahead whose bytes the loop prefetches (the next row group's, at the end of a group).
+constexpr int kPrefetchBlocks = 4;
+
+// kKind: 0 = Q8_0x16, 1 = Q4_0x16, 2 = Q4_1x16.
+template <int kKind>
+struct Format;
+template <>
+struct Format<0> {
+  using Block = BlockQ8_0x16;
+  static constexpr float kOffset = -128.f;
+};
+template <>
+struct Format<1> {
+  using Block = BlockQ4_0x16;
+  static constexpr float kOffset = -8.f;
+};
+template <>
+struct Format<2> {
+  using Block = BlockQ4_1x16;
+  static constexpr float kOffset = 0.f;  // the minimum m instead
+};
+
+// Rows [m, m + MR) of x against the 16 weight rows of `group` (nb blocks): dst[r * ds + l].
+template <int kKind, int MR>
+void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Block* group, int64_t nb, float* dst,
+          int64_t ds) {
+  using Block = typename Format<kKind>::Block;
+  const int8_t* xq[MR];
+  const float* xd[MR];
+  const float* xs[MR];
+  typename X::F acc[MR];
+  for (int r = 0; r < MR; ++r) {
+    xq[r] = a.x.q + (m + r) * a.x.q_stride;
+    xd[r] = a.x.d + (m + r) * a.x.d_stride;
+    xs[r] = a.x.s + (m + r) * a.x.s_stride;
+    acc[r] = X::fzero();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block& w = group[b];
+    const char* ahead = reinterpret_cast<const char*>(group + b + kPrefetchBlocks);
+    for (int line = 0; line < static_cast<int>(sizeof(Block)); line += 64) __builtin_prefetch(ahead + line);
+    const typename X::F dw = X::half16(w.d);
+    typename X::F cw;
+    if constexpr (kKind == 2) cw = X::half16(w.m);
+    else cw = X::mul_s(dw, Format<kKind>::kOffset);
+    typename X::I sum[MR];
+    for (int r = 0; r < MR; ++r) sum[r] = X::izero();
+    if constexpr (kKind == 0) {
+      for (int j = 0; j < 8; ++j) {
+        const typename X::V v = X::load(w.qs[j]);
+        for (int r = 0; r < MR; ++r) sum[r] = X::dot4(sum[r], v, xq[r] + b * kBlock32 + 4 * j);
+      }
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        const typename X::V v = X::load(w.qs[j]);
+        const typename X::V lo = X::lo4(v), hi = X::hi4(v);
+        for (int r = 0; r < MR; ++r) {
+          sum[r] = X::dot4(sum[r], lo, xq[r] + b * kBlock32 + 4 * j);
+          sum[r] = X::dot4(sum[r], hi, xq[r] + b * kBlock32 + 16 + 4 * j);
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = X::fmadd(dw, X::mul_s(X::cvt(sum[r]), xd[r][b]), acc[r]);
+      acc[r] = X::fmadd_s(cw, xs[r][b], acc[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) X::store(dst + r * ds, acc[r]);
+}
+
+// A tile of `count` rows of x (1 .. MR): the largest tile, by recursion on MR.
+template <int kKind, int MR = kMaxRows>
+void rows(const QuantBlockArgs& a, int64_t m, int count, const typename Format<kKind>::Block* group, int64_t nb,
+          float* dst, int64_t ds) {
+  if constexpr (MR == 1) {
+    tile<kKind, 1>(a, m, group, nb, dst, ds);
+  } else {
+    if (count >= MR) tile<kKind, MR>(a, m, group, nb, dst, ds);
+    else rows<kKind, MR - 1>(a, m, count, group, nb, dst, ds);
+  }
+}
+
+// QuantBlockFn over row groups: n_begin and n_end are multiples of 16 (quant_linear.cc aligns tasks).
+template <int kKind>
+void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
+  using Block = typename Format<kKind>::Block;
+  const int64_t nb = a.K / kBlock32;
+  const auto* groups = reinterpret_cast<const Block*>(a.w);
+  auto run = [&](int64_t m, int64_t n) {
+    const int count = static_cast<int>(m1 - m < kMaxRows ? m1 - m : kMaxRows);
+    rows<kKind>(a, m, count, groups + (n / kRowsX16) * nb, nb, dst + (m - m0) * ds + (n - n0), ds);
+  };
+  if (a.n_outer) {  // few rows of x: each row group is read from memory once
+    for (int64_t n = n0; n < n1; n += kRowsX16)
+      for (int64_t m = m0; m < m1; m += kMaxRows) run(m, n);
+  } else {  // rows of x outer: the task's row groups stay in L2
+    for (int64_t m = m0; m < m1; m += kMaxRows)
+      for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
+  }
+}
+
+}  // namespace x16
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,97 @@
+"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16: ops/quant_repack.py, cpp/kernels/
+quant_x16_impl.h) on every ISA path that has them: repacking is lossless (unpack gives the file's
+bytes back), and the kernel equals the exact-arithmetic reference of test_quant_linear.py (the same
+activation quantization, W dequantised by the gguf package, float64 product) and the ggml-layout
+kernel on the same weights. ISAs without a 16-lane kernel (AVX2; AVX-512BW for q8_0x16) refuse the
+format by name; a path this CPU cannot run is SKIPPED with the missing flag."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from pagedcore import _core
+from pagedcore.ops.linear_isa import isa_code
+from pagedcore.ops.quant_linear import FORMAT_ENUMS, QuantLinearKernel
+from pagedcore.ops.quant_repack import REPACKED, repack_x16, repackable, unpack_x16
+
+from .test_quant_linear import _ISA_FLAGS, make_x, quantize_x, random_weight
+
+# ISA paths with a 16-lane kernel, per repacked format.
+_X16_ISAS = {"q4_0x16": ("generic", "generic16", "avx512", "avx512_vnni", "avx512_bf16"),
+             "q4_1x16": ("generic", "generic16", "avx512", "avx512_vnni", "avx512_bf16"),
+             "q8_0x16": ("generic", "generic16", "avx512_vnni", "avx512_bf16")}
+
+
+def _params():
+    params = []
+    for fmt, isas in _X16_ISAS.items():
+        for isa in isas:
+            marks = [] if _core.kernel_isa_supported(isa) else [
+                pytest.mark.skip(reason=f"this CPU lacks {_ISA_FLAGS[isa]}")]
+            params.append(pytest.param(fmt, isa, marks=marks, id=f"{fmt}-{isa}"))
+    return params
+
+
+@pytest.mark.parametrize("ggml", sorted(REPACKED))
+def test_repacking_is_lossless(ggml):
+    rng = np.random.default_rng(3)
+    weight, _, _ = random_weight(ggml, 48, 352, rng)
+    packed = repack_x16(weight, ggml, 352)
+    assert packed.shape == weight.shape and packed.dtype == torch.uint8 and not torch.equal(packed, weight)
+    assert torch.equal(unpack_x16(packed, REPACKED[ggml], 352), weight)
+    with pytest.raises(ValueError, match="N a multiple of 16"):
+        repack_x16(weight[:40], ggml, 352)
+
+
+@pytest.mark.parametrize("fmt, isa", _params())
+@pytest.mark.parametrize("case", ["decode", "rows_9", "silu_mul_bias", "prefill"])
+def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
+    ggml = fmt[:-3]
+    rng = np.random.default_rng(zlib.crc32(f"{fmt}/{case}".encode()))
+    N, K = 64, 352  # 4 row groups (2 per half for SwiGLU); 11 blocks
+    M = {"decode": 1, "rows_9": 9, "silu_mul_bias": 3, "prefill": 70}[case]
+    weight, _, w = random_weight(ggml, N, K, rng)
+    packed = repack_x16(weight, ggml, K)
+    silu = case == "silu_mul_bias"
+    bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)) if silu else None
+    x = make_x(M, K, rng, torch.float32)
+    y = QuantLinearKernel(packed, fmt, K, bias, silu_mul=silu, isa=isa)(x).double().numpy()
+    ggml_y = QuantLinearKernel(weight, ggml, K, bias, silu_mul=silu, isa=isa if isa != "avx512_vnni" else "auto")(x)
+
+    q, d = quantize_x(x, 32)
+    x_hat = q * d
+    ref, scale = x_hat @ w.T, np.abs(x_hat) @ np.abs(w).T
+    if silu:
+        ref = ref + bias.double().numpy()
+        g, u = ref[:, : N // 2], ref[:, N // 2:]
+        ref = g / (1 + np.exp(-g)) * u
+        scale = scale[:, : N // 2] * (np.abs(u) + 1) + scale[:, N // 2:] * (np.abs(g) + 1)
+    tol = 2e-5 * scale + 1e-6
+    assert y.shape == ref.shape
+    assert (np.abs(y - ref) <= tol).all(), f"{fmt}/{isa}/{case}: max err {np.abs(y - ref).max()}"
+    assert (np.abs(y - ggml_y.double().numpy()) <= 2 * tol).all()
+
+
+@pytest.mark.parametrize("fmt, isa", [("q4_1x16", "avx2"), ("q8_0x16", "avx512")])
+def test_an_isa_without_the_kernel_refuses_by_name(fmt, isa):
+    if not _core.kernel_isa_supported(isa):
+        pytest.skip(f"this CPU lacks {_ISA_FLAGS[isa]}")
+    weight, _, _ = random_weight(fmt[:-3], 16, 64, np.random.default_rng(1))
+    kernel = QuantLinearKernel(repack_x16(weight, fmt[:-3], 64), fmt, 64, isa=isa)
+    with pytest.raises(ValueError, match=f"the {isa} kernels have no {fmt} kernel"):
+        kernel(torch.ones(1, 64))
+    assert _core.quant_kernel_isa_for(FORMAT_ENUMS[fmt], isa_code(isa)) is None
+    assert _core.quant_kernel_isa_for(FORMAT_ENUMS[fmt], isa_code("generic")) == "generic"
+
+
+def test_rows_not_in_groups_of_16_are_refused():
+    weight, _, _ = random_weight("q4_1", 48, 64, np.random.default_rng(2))
+    # 48 rows repack, but SwiGLU's halves of 24 rows are not whole groups.
+    kernel = QuantLinearKernel(repack_x16(weight, "q4_1", 64), "q4_1x16", 64, silu_mul=True, isa="generic")
+    with pytest.raises(ValueError, match=r"groups of 16 rows; N = 48 \(24 outputs per half\)"):
+        kernel(torch.ones(1, 64))
+    assert repackable("q4_1", 40) is None and repackable("q4_k", 64) is None and repackable("q4_1", 0) is None
