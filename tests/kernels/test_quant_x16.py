@@ -16,7 +16,7 @@ import torch
 from pagedcore import _core
 from pagedcore.ops.linear_isa import isa_code
 from pagedcore.ops.quant_linear import FORMAT_ENUMS, QuantLinearKernel
-from pagedcore.ops.quant_repack import REPACKED, repack_x16, repackable, unpack_x16
+from pagedcore.ops.quant_repack import REPACKED, gather_rows_x16, repack_x16, repackable, unpack_x16
 
 from .test_quant_linear import _ISA_FLAGS, make_x, quantize_x, random_weight
 
@@ -95,3 +95,12 @@ def test_rows_not_in_groups_of_16_are_refused():
     with pytest.raises(ValueError, match=r"groups of 16 rows; N = 48 \(24 outputs per half\)"):
         kernel(torch.ones(1, 64))
     assert repackable("q4_1", 40) is None and repackable("q4_k", 64) is None and repackable("q4_1", 0) is None
+
+
+@pytest.mark.parametrize("ggml", sorted(REPACKED))
+def test_gathered_rows_are_the_file_rows(ggml):
+    """An embedding lookup in a repacked table reads back exactly the file's row bytes."""
+    weight, _, _ = random_weight(ggml, 64, 96, np.random.default_rng(4))
+    packed = repack_x16(weight, ggml, 96)
+    rows = torch.tensor([0, 17, 63, 17, 5, 32], dtype=torch.int64)
+    assert torch.equal(gather_rows_x16(packed, rows, REPACKED[ggml], 96), weight[rows])

@@ -53,8 +53,28 @@ class VocabEmbedding(nn.Module):
             return F.embedding(input_ids, self.weight)
         from pagedcore.loader.gguf_dequant import dequantize_rows  # (the loader package imports layers)
 
-        rows = self.weight.index_select(0, input_ids)  # uint8 [num_tokens, row_bytes]
+        if self.block_format.endswith("x16"):  # repacked for the tied head: gather the rows' bytes back
+            from pagedcore.ops.quant_repack import gather_rows_x16
+
+            rows = gather_rows_x16(self.weight, input_ids, self.block_format, self.hidden_size)
+        else:
+            rows = self.weight.index_select(0, input_ids)  # uint8 [num_tokens, row_bytes]
         return dequantize_rows(rows, self._ggml_type).to(self.dtype)  # [num_tokens, hidden]
+
+    def process_weights_after_loading(self) -> None:
+        """A blocked table repacks into 16-row groups where the CPU has the x16 kernel (as quantized
+        linear layers do): the tied LM head's logits are the model's largest product at every batch
+        size, and lookups gather their rows' bytes back (ops/quant_repack.py). Same bytes."""
+        import os
+
+        if self.block_format is None or os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
+            return
+        from pagedcore.ops.quant_repack import repack_x16, repackable
+
+        repacked = repackable(self.block_format, self.vocab_size)
+        if repacked is not None:
+            self.weight.data = repack_x16(self.weight.data, self.block_format, self.hidden_size)
+            self.block_format, self._quant_kernel = repacked, None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied LM head: hidden [num_rows, hidden] -> fp32 logits [num_rows, vocab]."""
@@ -73,7 +93,8 @@ class VocabEmbedding(nn.Module):
 
     def weight_bytes(self) -> dict[str, int]:
         """Resident bytes of the table by format."""
-        return {self.block_format or str(self.weight.dtype).removeprefix("torch."): self.weight.nbytes}
+        fmt = self.block_format.removesuffix("x16") if self.block_format else str(self.weight.dtype).removeprefix("torch.")
+        return {fmt: self.weight.nbytes}  # a repacked table holds its file format's bytes
 
 
 class VocabParallelEmbedding(VocabEmbedding):

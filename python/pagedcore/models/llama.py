@@ -341,4 +341,6 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.method.process_weights_after_loading(module)  # e.g. quantized rows repacked
+            elif isinstance(module, VocabEmbedding):
+                module.process_weights_after_loading()  # a blocked table (and tied head) likewise
         self.model.refresh_decoder_stack()

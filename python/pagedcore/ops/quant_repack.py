@@ -83,3 +83,28 @@ def unpack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
         qs = qs - 128
     rows = torch.cat([*fields, qs], dim=-1)  # [groups, nb, 16, block_bytes]
     return rows.transpose(1, 2).reshape(N, -1).contiguous()
+
+
+def _lane_offsets(fmt: str) -> torch.Tensor:
+    """int64 [16, block_bytes]: where each byte of lane (row) l's ggml block sits inside a repacked
+    16-row block of `fmt` (the inverse map of repack_x16 for one block)."""
+    ggml = _GGML_OF[fmt]
+    _, block_bytes, scale_bytes, chunks = _LAYOUTS[ggml]
+    lanes = torch.arange(ROWS)[:, None]  # [16, 1]
+    fields = [i * ROWS + 2 * lanes + torch.arange(2) for i in range(0, scale_bytes, 2)]  # d (and m) bytes
+    k = torch.arange(chunks * 4)  # the quant bytes of a ggml block, in order
+    qs = scale_bytes * ROWS + (k // 4) * (ROWS * 4) + lanes * 4 + k % 4  # [16, chunks * 4]
+    return torch.cat([*fields, qs], dim=1)
+
+
+def gather_rows_x16(weight: torch.Tensor, rows: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
+    """The ggml rows uint8 [n, row_bytes] of weight rows `rows` (int64 [n]) of a repacked tensor: what
+    an embedding lookup decodes. Reads only those rows' bytes."""
+    N, nb, block_bytes, _ = _check(weight, fmt, K)
+    group_bytes = ROWS * block_bytes  # one repacked block (16 rows x 32 weights)
+    block_start = ((rows // ROWS) * nb)[:, None] + torch.arange(nb)  # [n, nb]: repacked block index
+    offsets = block_start[..., None] * group_bytes + _lane_offsets(fmt)[rows % ROWS][:, None, :]  # [n, nb, bb]
+    out = weight.view(-1)[offsets]  # uint8 [n, nb, block_bytes]
+    if fmt == "q8_0x16":
+        out[..., 2:] -= 128  # stored q + 128 (uint8 arithmetic wraps exactly)
+    return out.reshape(rows.shape[0], -1)
