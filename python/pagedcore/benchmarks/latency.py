@@ -141,13 +141,18 @@ def cmd_latency(args) -> int:
     bw = args.bandwidth_gbps or machine.measure_bandwidth(min_time=0.3)["copy_gbps"]
     rate = args.gemm_gflops or machine.peak_gemm_gflops(mc, setup["dtype"])
     cost = roofline.ModelCost.of(mc)
-    bytes_per = 2 if setup["dtype"] == "bfloat16" else 4
+    kv_bytes = 2 if setup["dtype"] == "bfloat16" else 4
+    # Weight bytes per parameter as held (a quantized model's blocks: ~0.9 for the Q4_1 default model).
+    resident = sum(setup.get("weight_bytes", {}).values())
+    bytes_per = resident / cost.decode_weight_bytes(1) if resident else kv_bytes
+    setup["weight_bytes_per_param"] = round(bytes_per, 3)
     for d in decode:
         floor = roofline.decode_step_floor_seconds(cost, bytes_per, bw, rate, d["batch_size"],
-                                                   args.input_len + args.decode_steps // 2)
+                                                   args.input_len + args.decode_steps // 2, kv_bytes)
         d["floor_tok_per_s"] = d["batch_size"] / floor
         d["gap"] = roofline.gap(d["median_step_seconds"], floor)
-    one_floor = roofline.decode_step_floor_seconds(cost, bytes_per, bw, rate, 1, args.input_len + args.output_len // 2)
+    one_floor = roofline.decode_step_floor_seconds(cost, bytes_per, bw, rate, 1, args.input_len + args.output_len // 2,
+                                                   kv_bytes)
     single["floor_tpot"] = one_floor
     result = {"setup": setup, "machine": machine.cpu_info(), "input_len": args.input_len,
               "output_len": args.output_len, "single_request": single, "decode": decode, "bandwidth_gbps": bw,

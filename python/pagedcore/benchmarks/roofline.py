@@ -63,7 +63,7 @@ class ModelCost:
         norms = self.num_layers * 2 * self.hidden_size + self.hidden_size
         return self.num_layers * self.layer_linear_params + embed * (1 if self.tie_word_embeddings else 2) + norms
 
-    def decode_weight_bytes(self, bytes_per_param: int) -> int:
+    def decode_weight_bytes(self, bytes_per_param: float) -> float:
         """Bytes a batch-1 decode step must read: all layer weights and the lm_head (the tied embedding;
         the embedding lookup itself reads one row)."""
         embed = self.vocab_size * self.hidden_size
@@ -103,11 +103,14 @@ def decode_floor_tok_s(cost: ModelCost, bytes_per_param: int, bandwidth_gbps: fl
     return batch * bandwidth_gbps * 1e9 / step_bytes
 
 
-def decode_step_floor_seconds(cost: ModelCost, bytes_per_param: int, bandwidth_gbps: float, gemm_gflops: float,
-                              batch: int = 1, context_len: int = 0) -> float:
-    """A decode step's floor: the slower of reading the weights (and KV) and computing its FLOPs."""
+def decode_step_floor_seconds(cost: ModelCost, bytes_per_param: float, bandwidth_gbps: float, gemm_gflops: float,
+                              batch: int = 1, context_len: int = 0, kv_bytes_per_elem: int | None = None) -> float:
+    """A decode step's floor: the slower of reading the weights (and KV) and computing its FLOPs.
+    bytes_per_param may be fractional (a quantized model: resident weight bytes / parameters);
+    kv_bytes_per_elem defaults to it (a quantized model's KV cache is fp32: pass 4)."""
+    kv_bytes = bytes_per_param if kv_bytes_per_elem is None else kv_bytes_per_elem
     step_bytes = (cost.decode_weight_bytes(bytes_per_param)
-                  + batch * context_len * cost.kv_bytes_per_token(bytes_per_param))
+                  + batch * context_len * cost.kv_bytes_per_token(kv_bytes))
     flops = batch * (cost.linear_flops_per_token + cost.lm_head_flops_per_row + cost.attention_flops(context_len))
     return max(step_bytes / (bandwidth_gbps * 1e9), flops / (gemm_gflops * 1e9))
 

@@ -73,6 +73,21 @@ def _quant_variant(isa: str) -> str:
     return _QUANT_VARIANT.get(isa, isa)
 
 
+def _repack_report() -> str:
+    """Which GGUF formats are repacked into 16-row groups at load on this CPU (ops/quant_repack.py)."""
+    import os
+
+    from pagedcore.ops.quant_repack import REPACKED, repackable
+
+    if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
+        return "file layout (PAGEDCORE_QUANT_REPACK=0)"
+    on = [fmt for fmt in sorted(REPACKED) if repackable(fmt, 16)]
+    off = [fmt for fmt in sorted(REPACKED) if fmt not in on]
+    return ((f"{', '.join(on)} repacked into 16-row groups at load (x16 kernels)" if on else
+             "file layout (no 16-lane kernel for this ISA)") + (f"; {', '.join(off)} as in the file" if on and off else "")
+            + "; k-quants as in the file")
+
+
 def dispatch_report() -> list[tuple[str, str]]:
     """(kernel family, what runs it on this CPU now) for every family: one line each, as `pagedcore
     bench roofline` prints and the engine logs at model load."""
@@ -90,6 +105,7 @@ def dispatch_report() -> list[tuple[str, str]]:
         ("dense linear kernel", dense),
         ("norms + rotary", f"{dense.split(' ')[0]} (fused add+RMSNorm, RoPE)"),
         ("quantized linear", f"{_quant_variant(isa)} (GGUF blocks / int8 per channel)"),
+        ("quantized layout", _repack_report()),
     ]
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         plan = gemm_plan(dtype)
