@@ -2,5 +2,6 @@
 // its own flags (CMakeLists.txt).
 #define PC_ISA_NAMESPACE quant_avx2
 #define PC_QVEC QVecAvx2
+#define PC_X16 X16Avx2  // the repacked 16-row kernels (quant_x16_impl.h)
 #include "kernels/quant_vec_avx2.h"
 #include "kernels/quant_linear_impl.h"

@@ -93,6 +93,59 @@ struct QVecAvx2 {
   static float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 };
 
+// The 16-lane trait of the repacked kernels (quant_x16_impl.h) as two 8-lane ymm halves (rows 0-7
+// and 8-15 of a group). vpmaddubsw sums byte pairs in int16: fine for nibbles (2 * 15 * 127), not
+// for Q8_0x16's bytes up to 255, so no q8_0x16 here.
+struct X16Avx2 {
+  static constexpr int kMaxRows = 2;  // 2 x (2 int32 + 2 fp32) accumulators + working registers of 16
+  static constexpr bool kQ8 = false;
+  struct V { __m256i h[2]; };
+  struct I { __m256i h[2]; };
+  struct F { __m256 h[2]; };
+  static V load(const void* p) {
+    const auto* q = static_cast<const __m256i*>(p);
+    return {{_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)}};
+  }
+  static V lo4(V v) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    return {{_mm256_and_si256(v.h[0], mask), _mm256_and_si256(v.h[1], mask)}};
+  }
+  static V hi4(V v) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    return {{_mm256_and_si256(_mm256_srli_epi16(v.h[0], 4), mask), _mm256_and_si256(_mm256_srli_epi16(v.h[1], 4), mask)}};
+  }
+  static I izero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+  static I dot4(I acc, const V& w, const int8_t* x4) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m256i x = _mm256_set1_epi32(four), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < 2; ++i)
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w.h[i], x), ones));
+    return acc;
+  }
+  static F fzero() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
+  static F cvt(const I& a) { return {{_mm256_cvtepi32_ps(a.h[0]), _mm256_cvtepi32_ps(a.h[1])}}; }
+  static F half16(const uint16_t* p) {
+    return {{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))}};
+  }
+  static F mul_s(F a, float s) {
+    const __m256 v = _mm256_set1_ps(s);
+    return {{_mm256_mul_ps(a.h[0], v), _mm256_mul_ps(a.h[1], v)}};
+  }
+  static F fmadd(const F& a, const F& b, F c) {
+    return {{_mm256_fmadd_ps(a.h[0], b.h[0], c.h[0]), _mm256_fmadd_ps(a.h[1], b.h[1], c.h[1])}};
+  }
+  static F fmadd_s(const F& a, float s, F c) {
+    const __m256 v = _mm256_set1_ps(s);
+    return {{_mm256_fmadd_ps(a.h[0], v, c.h[0]), _mm256_fmadd_ps(a.h[1], v, c.h[1])}};
+  }
+  static void store(float* p, const F& a) {
+    _mm256_storeu_ps(p, a.h[0]);
+    _mm256_storeu_ps(p + 8, a.h[1]);
+  }
+};
+
 }  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore

@@ -28,15 +28,15 @@ _GGML_OF = {repacked: fmt for fmt, repacked in REPACKED.items()}
 
 def repackable(fmt: str, num_rows: int, isa: str = "auto") -> str | None:
     """The repacked format a `fmt` weight of num_rows rows should run as on this CPU, or None: only the
-    32-weight formats, row counts in whole groups of 16, and ISAs with a fast 16-lane kernel (AVX-512;
-    Q8_0 needs VNNI). Elsewhere the ggml-layout kernels run the file's rows as they are."""
+    32-weight formats, row counts in whole groups of 16, and ISAs with a SIMD 16-lane kernel (AVX2 and
+    AVX-512; Q8_0 needs VNNI). Elsewhere the ggml-layout kernels run the file's rows as they are."""
     repacked = REPACKED.get(fmt)
     if repacked is None or num_rows % ROWS or num_rows == 0:
         return None
     from pagedcore.ops.linear_isa import isa_code
 
     kernel_isa = _core.quant_kernel_isa_for(FORMAT_ENUMS[repacked], isa_code(isa))
-    return repacked if kernel_isa in ("avx512", "avx512_vnni") else None
+    return repacked if kernel_isa in ("avx2", "avx512", "avx512_vnni") else None
 
 
 def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[int, int, int, int]:
