@@ -72,12 +72,13 @@ def test_choice_grammar_escapes_quotes_and_newlines(cache):
     assert choice_grammar(["a"]) == 'root ::= "a"'
 
 
-def test_bitmask_stage_equals_a_naive_loop():
+@pytest.mark.parametrize("rows", [[0, 3, 4], [0, 1, 2, 3, 4], [2]])   # some rows (gather), every row (in place)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitmask_stage_equals_a_naive_loop(rows, dtype):
     g = torch.Generator().manual_seed(0)
     num_rows, vocab = 5, 70                      # 70: the last int32 word is partly padding
-    logits = torch.randn(num_rows, vocab, generator=g)
+    logits = torch.randn(num_rows, vocab, generator=g).to(dtype)
     bitmask = torch.randint(-2**31, 2**31 - 1, (num_rows, (vocab + 31) // 32), dtype=torch.int32, generator=g)
-    rows = [0, 3, 4]
     expected = logits.clone()
     for r in rows:
         for t in range(vocab):
@@ -85,6 +86,21 @@ def test_bitmask_stage_equals_a_naive_loop():
                 expected[r, t] = float("-inf")
     apply_grammar_bitmask_(logits, bitmask, rows)
     assert torch.equal(logits, expected)
+
+
+def test_bitmask_stage_reads_only_the_rows_it_masks():
+    # The step's bitmask buffer may have more rows than the step (grown by an earlier, larger step),
+    # and unconstrained rows hold stale bits: neither may leak into the logits.
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 64, generator=g)
+    bitmask = torch.zeros(6, 2, dtype=torch.int32)
+    bitmask[1] = -1                               # row 1: everything allowed
+    expected = logits.clone()
+    expected[1] = logits[1]
+    apply_grammar_bitmask_(logits, bitmask[:3], [1])
+    assert torch.equal(logits, expected)
+    apply_grammar_bitmask_(logits, bitmask[:3], [0])       # row 0: nothing allowed
+    assert torch.isneginf(logits[0]).all() and torch.equal(logits[1:], expected[1:])
 
 
 def test_the_accelerator_backend_agrees_with_the_cpu_kernel():
@@ -98,6 +114,35 @@ def test_the_accelerator_backend_agrees_with_the_cpu_kernel():
     apply_grammar_bitmask_(cpu, bitmask, [1, 2])
     xgr.apply_token_bitmask_inplace(native, bitmask, vocab_size=100, indices=[1, 2], backend="torch_native")
     assert torch.equal(cpu, native)
+
+
+def test_an_early_fill_equals_a_fill_at_sample_time(cache):
+    # The early fill (on a worker thread, before the forward) covers some of the step's rows, in its
+    # own order; a row it did not see (an n > 1 child) is filled at sample time. The result must be
+    # the bitmask a plain fill gives, row for row.
+    from pagedcore.structured_output.bitmask import GrammarBitmask
+
+    grammar = cache.compile(S(choice=["quick fox", "quick dog", "lazy dog"]))
+    prefixes = ["", "quick ", "lazy", "quick f"]
+    matchers = [new_matcher(grammar) for _ in prefixes]
+    for matcher, prefix in zip(matchers, prefixes):
+        assert matcher.accept_string(prefix) if prefix else True
+    vocab = tiny_models.VOCAB_SIZE
+    expected = GrammarBitmask(vocab, overlap=False).fill(5, [0, 1, 2, 4], matchers).clone()
+
+    early = GrammarBitmask(vocab, overlap=True)
+    early.start_early_fill([matchers[2], matchers[0], matchers[1]])   # matchers[3] not seen early
+    got = early.fill(5, [0, 1, 2, 4], matchers)
+    assert torch.equal(got[[0, 1, 2, 4]], expected[[0, 1, 2, 4]])
+    # The common case: the early rows are exactly the step's rows, in order.
+    early.start_early_fill(matchers)
+    assert torch.equal(early.fill(4, [0, 1, 2, 3], matchers)[[0, 1, 2]], expected[[0, 1, 2]])
+    # An early fill no sample took is dropped before its matchers move on.
+    early.start_early_fill(matchers[:1])
+    early.discard_early()
+    assert matchers[0].accept_string("lazy")
+    after = GrammarBitmask(vocab, overlap=False).fill(1, [0], matchers[:1])
+    assert torch.equal(early.fill(1, [0], matchers[:1]), after)
 
 
 def test_fork_clones_the_matcher_state(cache):

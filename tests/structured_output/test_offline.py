@@ -168,3 +168,49 @@ def test_prefix_cache_hits_give_the_same_constrained_output(tiny_llm):
     assert second.metrics.num_cached_tokens > 0
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
     assert_follows(second.outputs[0].text, CONSTRAINTS["json"])
+
+
+def test_an_early_mask_fill_changes_no_output(tiny_llm, monkeypatch):
+    # The bitmask filled on a worker thread during the forward (forced on: this machine may have no
+    # spare core) must give exactly the tokens of the fill after it: n > 1 children (filled late),
+    # seeds, several constraints and unconstrained rows in one batch.
+    bitmask = tiny_llm.llm_engine.output_processor.grammar_bitmask
+    prompts = PROMPTS + PROMPTS[:2]
+    params = [constrained(CONSTRAINTS["json"]), constrained(S(regex=REGEX), n=3, temperature=1.0, seed=4),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              constrained(CONSTRAINTS["choice"], temperature=1.0, seed=8),
+              constrained(CONSTRAINTS["grammar"], logprobs=2), constrained(S(json_object=True), max_tokens=20)]
+    calls = []
+    start = bitmask.start_early_fill
+    monkeypatch.setattr(bitmask, "start_early_fill", lambda matchers: calls.append(len(matchers)) or start(matchers))
+    try:
+        bitmask.overlap = False
+        late = tiny_llm.generate(prompts, params, use_tqdm=False)
+        assert not calls
+        bitmask.overlap = True
+        early = tiny_llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        bitmask.overlap = None                  # back to deciding per step
+    assert calls and max(calls) >= 5
+    for a, b in zip(late, early):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+
+
+def test_speculative_neighbours_leave_constrained_outputs_unchanged(tiny_folder, tiny_llm):
+    # With n-gram speculation on, constrained sequences are never drafted for (a rejected draft must
+    # not reach a matcher): they decode one token per step beside drafting neighbours, and every
+    # output, constrained or not, equals the engine's without speculation.
+    repetitive = "the lazy dog the lazy dog the lazy dog the lazy"      # n-gram drafts find matches
+    prompts = [repetitive, PROMPTS[2], repetitive + " dog", PROMPTS[3]]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), constrained(CONSTRAINTS["json"]),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              constrained(S(regex=REGEX), temperature=1.0, seed=6)]
+    reference = tiny_llm.generate(prompts, params, use_tqdm=False)
+    llm = LLM(tiny_folder, kv_cache_memory="64MiB", max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.llm_engine.speculator.stats.num_draft_tokens > 0, "the prompts were meant to draw drafts"
+    for out, ref in zip(outputs, reference):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    assert_follows(outputs[1].outputs[0].text, CONSTRAINTS["json"])
+    assert_follows(outputs[3].outputs[0].text, S(regex=REGEX))

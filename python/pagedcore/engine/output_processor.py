@@ -131,8 +131,18 @@ class OutputProcessor:
     def _parent_of(self, child: SequenceState) -> int:
         return child.request.seqs[0].seq_id
 
+    def start_grammar_masks(self, out) -> None:
+        """Before the forward: the bitmask of the step's constrained rows starts filling on a worker
+        thread (structured_output/bitmask.py, "Early fill"), when a spare core makes that pay."""
+        if not self.registry.num_constrained or not self.grammar_bitmask.overlap:
+            return
+        rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
+        self.grammar_bitmask.start_early_fill(
+            [s.grammar for s in rows if s.grammar is not None and not s.grammar.is_terminated()])
+
     def _mask_grammar(self, logits: torch.Tensor, rows: list[SequenceState]) -> None:
         """Forbidden tokens of every constrained row -> -inf: one batched fill, one in-place apply."""
+        self.grammar_bitmask.wait()   # an early fill reads the matchers: it ends before they are read here
         row_ids = [i for i, s in enumerate(rows) if s.grammar is not None and not s.grammar.is_terminated()]
         if not row_ids:
             return
@@ -174,6 +184,8 @@ class OutputProcessor:
         tokens_per_request: dict[str, int] = {}
         tokens = sampled.tolist()
         constrained = self.registry.num_constrained > 0
+        if constrained:
+            self.grammar_bitmask.discard_early()   # the matchers advance below: an untaken early fill is stale
         # Speculative decoding: a sequence that kept m tokens this step is m rows in a row, after every
         # sampled row; the scheduler's finish belongs to its last one, a stop string may end it earlier.
         last_row = {s.seq_id: j for j, s in enumerate(all_rows)}

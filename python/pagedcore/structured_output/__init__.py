@@ -2,7 +2,8 @@
 grammars, and the per-step token bitmasks that keep each constrained sequence inside its grammar.
 
     add_request ─▶ GrammarCache.compile (cached by constraint) ─▶ one GrammarMatcher per sequence
-    each step   ─▶ GrammarBitmask.fill (constrained rows) ─▶ sampling.grammar_mask.apply ─▶ sample
+    each step   ─▶ GrammarBitmask.start_early_fill (a worker thread, during the forward, with a spare core)
+                ─▶ GrammarBitmask.fill (constrained rows) ─▶ sampling.grammar_mask.apply ─▶ sample
                 ─▶ matcher.accept_token(sampled) ─▶ terminated: the sequence ends with "stop"
 """
 
