@@ -193,3 +193,18 @@ def test_health_and_version(http):
     from pagedcore import __version__
 
     assert http.get("/version").json() == {"version": __version__}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_fields_are_named_in_the_answer(http, path, body, stream):
+    """A field no model here knows is not silently dropped: the answer names it in a header (a field
+    that would change the output and is not supported is a 400 instead: the tests above)."""
+    response = http.post(path, json={**body, "max_tokens": 1, "stream": stream, "frobnicate": 1, "zzz_typo": "x"})
+    assert response.status_code == 200, response.text
+    assert response.headers["pagedcore-ignored-fields"] == "frobnicate, zzz_typo"
+    plain = http.post(path, json={**body, "max_tokens": 1, "stream": stream})
+    assert "pagedcore-ignored-fields" not in plain.headers

@@ -16,6 +16,7 @@ from pagedcore.serving.metrics import CONTENT_TYPE
 from pagedcore.serving.openai import lora_admin
 from pagedcore.serving.openai.chat import create_chat_completion
 from pagedcore.serving.openai.completions import create_completion
+from pagedcore.serving.openai.body import report_ignored_fields
 from pagedcore.serving.openai.errors import APIError, api_error_response, error_response
 from pagedcore.serving import openapi_schema
 from pagedcore.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -44,11 +45,11 @@ def build_app(state: ServerState, recorder=None) -> FastAPI:
 
     @protected.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
-        return await create_completion(request, state)
+        return report_ignored_fields(request, await create_completion(request, state))
 
     @protected.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(request, state)
+        return report_ignored_fields(request, await create_chat_completion(request, state))
 
     @protected.get("/v1/models")
     async def list_models() -> dict:

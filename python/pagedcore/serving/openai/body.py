@@ -68,8 +68,24 @@ async def parse_request(request: Request, model: type[BaseModel], limit: int) ->
     except ValidationError as error:
         raise bad_request(*describe(error)) from None
     if parsed.model_extra:
-        logger.warning("ignoring fields this server does not support: %s", ", ".join(sorted(parsed.model_extra)))
+        # Fields no model here knows (a typo, another server's extension). Fields that would change the
+        # output and are not supported are modelled and refused with a 400 (params.py); these are only
+        # reported: in the log and, so the client sees it too, in the IGNORED_FIELDS_HEADER of the answer.
+        ignored = sorted(parsed.model_extra)
+        logger.warning("ignoring fields this server does not support: %s", ", ".join(ignored))
+        request.state.ignored_fields = ignored
     return parsed
+
+
+IGNORED_FIELDS_HEADER = "pagedcore-ignored-fields"
+
+
+def report_ignored_fields(request: Request, response):
+    """The response, with the request's ignored fields (if any) named in IGNORED_FIELDS_HEADER."""
+    ignored = getattr(request.state, "ignored_fields", None)
+    if ignored:
+        response.headers[IGNORED_FIELDS_HEADER] = ", ".join(ignored)[:1000]
+    return response
 
 
 def describe(error: ValidationError) -> tuple[str, str | None]:
