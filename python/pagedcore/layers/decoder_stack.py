@@ -90,8 +90,9 @@ def decoder_stack_support(config, layers) -> StackSupport:
       parallel    no tensor-parallel layer (RowParallelLinear: an all-reduce inside the layer)
       model       an architecture in STACK_ARCHITECTURES; fp32 or bf16; one layer per config layer
       modules     each layer's leaf modules are exactly the known ones, of exactly their classes
-                  (RMSNorm, Linear, MergedLinear, Attention), q_norm and k_norm both or neither:
-                  a wrapper, adapter or new module is something the stack would skip
+                  (RMSNorm, Linear, MergedLinear, Attention, and a linear's LoRA hook, which the stack
+                  honours by running only steps without adapter rows), q_norm and k_norm both or
+                  neither: a wrapper or new module is something the stack would skip
       tensors     the layer's parameters are those in _LAYER_PARAMS (bias on qkv only), no buffers
       formats     every Linear has the dense method of the model dtype, or is quantized in one
                   format over all its rows (QuantLinearMethod with one part), and the layer dtype out
@@ -110,14 +111,21 @@ def decoder_stack_support(config, layers) -> StackSupport:
         return StackSupport(False, f"dtype {dtype}; the stack runs {sorted(STACK_WEIGHT_FORMATS.values())}")
     if len(layers) != config.num_layers or not layers:
         return StackSupport(False, f"{len(layers)} layers for a config of {config.num_layers}")
+    from pagedcore.lora.layer_weights import LoRALayerWeights
+
     leaf_class = {**dict.fromkeys(_NORM_LEAVES, RMSNorm), "self_attn.attn": Attention,
+                  # An adapter hook (--enable-lora): the stack runs only steps without adapter rows
+                  # (DecoderStack.takes asks the hook's step batch), where the hook adds nothing.
+                  **{f"{name}.lora": LoRALayerWeights for name in _LINEAR_LEAVES},
                   "self_attn.qkv_proj": MergedLinear, "self_attn.o_proj": Linear,
                   "mlp.gate_up_proj": MergedLinear, "mlp.down_proj": Linear}
     scale = layers[0].self_attn.attn.scale
     tensors = []
     for index, layer in enumerate(layers):
         where = f"layer {index}"
-        leaves = {name: module for name, module in layer.named_modules() if not any(module.children())}
+        # Leaf modules, and the linears even with an adapter hook (their one child) attached.
+        leaves = {name: module for name, module in layer.named_modules()
+                  if not any(module.children()) or name in _LINEAR_LEAVES}
         for name, module in leaves.items():
             if type(module) is not leaf_class.get(name):
                 return StackSupport(False, f"{where} has {name} ({type(module).__name__}), which the stack "
@@ -125,7 +133,7 @@ def decoder_stack_support(config, layers) -> StackSupport:
         if ("self_attn.q_norm" in leaves) != ("self_attn.k_norm" in leaves):
             return StackSupport(False, f"{where} has only one of q_norm and k_norm")
         extra = [name for name, _ in layer.named_parameters() if name not in _LAYER_PARAMS]
-        extra += [name for name, _ in layer.named_buffers()]
+        extra += [name for name, _ in layer.named_buffers() if ".lora." not in name]  # the adapter stacks
         if extra:
             return StackSupport(False, f"{where} has {extra}, which the stack does not read (its tensors: "
                                        "the norms, qkv weight and bias, o_proj, gate_up and down weights)")
@@ -177,6 +185,16 @@ def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
         part = linear.quant_parts[0]
         return part.format, part.scales
     return None, None
+
+
+def lora_batch_of(layers) -> object | None:
+    """The LoRABatchRef the layers' adapter hooks share (pagedcore.lora), or None without adapters."""
+    for layer in layers:
+        for name in _LINEAR_LEAVES:
+            hook = getattr(layer.get_submodule(name), "lora", None)
+            if hook is not None:
+                return hook.batch_ref
+    return None
 
 
 def layer_tensors(layer) -> LayerTensors:
@@ -235,7 +253,8 @@ def _tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...
 
 class DecoderStack:
     def __init__(self, layers: list[LayerTensors], *, hidden_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float):
+                 head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float,
+                 lora_batch=None):
         from pagedcore import _core
 
         dtype = layers[0].input_norm.dtype  # the activations' (quantized weights carry their own format)
@@ -256,6 +275,7 @@ class DecoderStack:
         quantized = all(fmt is not None for layer in layers for fmt in layer.formats)
         self.max_rows = QUANT_STACK_MAX_ROWS if quantized else max_rows(dtype)
         self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
+        self.lora_batch = lora_batch  # the LoRA hooks' shared step batch (LoRABatchRef), or None
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
         formats = [[None if fmt is None else FORMAT_ENUMS[fmt] for fmt in layer.formats] for layer in layers]
@@ -279,6 +299,9 @@ class DecoderStack:
         return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype
 
     def takes(self, hidden: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """A CPU step of at most max_rows tokens, none of them running a LoRA adapter."""
+        if self.lora_batch is not None and self.lora_batch.batch is not None:
+            return False  # adapter rows: the layer loop adds their terms (the stack has no LoRA kernel call)
         return 0 < hidden.shape[0] <= self.max_rows and hidden.is_cpu and kv_cache.is_cpu
 
     def __call__(self, hidden: torch.Tensor, cos_sin: torch.Tensor, kv_cache: torch.Tensor,

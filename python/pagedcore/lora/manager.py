@@ -67,7 +67,7 @@ class LoRAManager:
                             "Llama-family model")
         inner = getattr(model, "model", None)
         if hasattr(inner, "refresh_decoder_stack"):
-            inner.refresh_decoder_stack()  # the C++ stack does not run adapters: it declines these layers
+            inner.refresh_decoder_stack()  # the C++ stack takes the steps without adapter rows only
         self.known: dict[str, LoRARequest] = {}
         self._by_id: dict[int, LoRARequest] = {}
         self._loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()

@@ -24,7 +24,8 @@ from torch import nn
 from pagedcore.distributed.intermediate_tensors import IntermediateTensors
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
-from pagedcore.layers.decoder_stack import DecoderStack, StackSupport, decoder_stack_support, layer_tensors
+from pagedcore.layers.decoder_stack import (DecoderStack, StackSupport, decoder_stack_support, layer_tensors,
+                                             lora_batch_of)
 from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
@@ -254,7 +255,8 @@ class LlamaModel(nn.Module):
         self._stack = DecoderStack([layer_tensors(layer) for layer in self.layers], hidden_size=cfg.hidden_size,
                                    num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                                    intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
-                                   attn_scale=self.layers[0].self_attn.attn.scale)
+                                   attn_scale=self.layers[0].self_attn.attn.scale,
+                                   lora_batch=lora_batch_of(self.layers))
 
 
 class LlamaForCausalLM(nn.Module):
