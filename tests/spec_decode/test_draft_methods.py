@@ -91,6 +91,35 @@ def test_steps_without_the_draft_are_caught_up(tiny_llama, reference, draft_fold
     assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens == spec.num_draft_tokens
 
 
+@pytest.mark.parametrize("lose_the_copy", [False, True])
+def test_follow_reuses_the_proposal_kv(tiny_llama, reference, draft_folders, monkeypatch, lose_the_copy):
+    """A verifying sequence's follow runs one row, its other rows' K/V copied from the proposal's scratch
+    (proposal_kv.py); still 100% acceptance with the target as its own draft. Negative control: the
+    copy written to a throwaway tensor (the rows still skipped) must cost acceptance."""
+    import pagedcore.spec_decode.draft_model as draft_model_module
+
+    _, folder = tiny_llama
+    prompts, expected = reference
+    if lose_the_copy:
+        original = draft_model_module.reuse_proposal_kv
+        monkeypatch.setattr(draft_model_module, "reuse_proposal_kv",
+                            lambda step, seq_ids, records, kv: original(step, seq_ids, records, kv.clone()))
+    llm = LLM(folder, max_model_len=256, speculative_config=draft_spec(draft_folders, "self"))
+    draft = llm.llm_engine.draft
+    follow_rows = []
+    execute = draft.runner.execute
+    draft.runner.execute = lambda step: follow_rows.append(step.num_tokens) or execute(step)
+    outs = llm.generate([{"prompt_token_ids": prompts[0]}],
+                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == expected[0]
+    spec = llm.llm_engine.speculator.stats
+    assert spec.num_drafts > 3 and follow_rows[1:spec.num_drafts + 1] == [1] * spec.num_drafts
+    if lose_the_copy:
+        assert spec.num_accepted_tokens < spec.num_draft_tokens
+    else:
+        assert spec.num_accepted_tokens == spec.num_draft_tokens
+
+
 def test_kv_sizing_counts_the_draft(tiny_llama, draft_folders):
     """One budget: a block id costs target + draft bytes, the scratch comes off the top; the log says both."""
     _, folder = tiny_llama

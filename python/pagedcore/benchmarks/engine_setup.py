@@ -24,6 +24,10 @@ def build_engine(args, **overrides):
              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
              "max_model_len": cfg.max_model_len, "enable_prefix_caching": cfg.enable_prefix_caching,
              "enable_chunked_prefill": cfg.enable_chunked_prefill}
+    report = view.memory_report()
+    if report.draft_weight_bytes or report.draft_kv_cache_bytes:   # speculation's draft model, same budget
+        setup["draft_weight_bytes"] = report.draft_weight_bytes
+        setup["draft_kv_cache_bytes"] = report.draft_kv_cache_bytes
     return engine, setup
 
 

@@ -170,6 +170,11 @@ class LLMEngine:
         if shutdown is not None:
             shutdown()
 
+    def memory_report(self):
+        """The worker's MemoryReport, with a draft model's weights and KV (speculative decoding) filled in."""
+        report = self.worker.memory_report()
+        return report if self.draft is None else self.draft.add_to(report)
+
     def check_health(self) -> None:
         """Raises (WorkerDiedError) if a worker rank of a parallel model is gone; cheap (no step runs)."""
         check = getattr(self.worker, "check_health", None)
@@ -274,6 +279,7 @@ class LLMEngine:
         t_scheduled = time.perf_counter()
         extra_rows = self.output_processor.prompt_logprob_rows(out)
         step_input = StepInput.from_scheduler_output(out, extra_rows)
+        self.output_processor.start_grammar_masks(out)   # structured output: masks fill during the forward
         logits = self.worker.execute_step(step_input)
         if self.speculator is not None:
             self.speculator.observe_step(step_input, out)   # a draft model runs the same rows (no logits)

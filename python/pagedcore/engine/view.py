@@ -82,6 +82,10 @@ class EngineView:
     def kv_cache_bytes(self) -> int:
         return self._engine.worker.memory_report().kv_cache_bytes
 
+    def memory_report(self):
+        """Bytes held (engine/worker.py MemoryReport): the target's, and a draft model's next to them."""
+        return self._engine.memory_report()
+
     @property
     def model(self) -> torch.nn.Module:
         """The in-process model, for instrumentation only (benchmark probes hook its forward)."""

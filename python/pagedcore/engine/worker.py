@@ -30,6 +30,11 @@ class MemoryReport:
     weight_bytes: int       # parameters and buffers of the model
     kv_cache_bytes: int     # the device KV cache
     swap_bytes: int         # the host swap pool (0 without swap space)
+    # Speculative decoding's draft model (spec_decode/draft_model.py; 0 without one), on the same
+    # budget: its weights, its KV cache (its share of every block id + its scratch) and swap pool.
+    draft_weight_bytes: int = 0
+    draft_kv_cache_bytes: int = 0
+    draft_swap_bytes: int = 0
 
 
 class Worker(ABC):

@@ -21,6 +21,7 @@ DRAFT_METHODS = ("draft_model", "layer_skip")   # a model forward proposes (spec
 NOT_IMPLEMENTED = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 # vLLM's older way to ask for prompt lookup: the draft "model" named "[ngram]".
 _NGRAM_MODEL_NAMES = ("ngram", "[ngram]")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")   # draft_model's "dtype" (pagedcore's own field)
 MAX_SPECULATIVE_TOKENS = 16   # more drafts than this never pays with an n-gram proposer
 
 
@@ -37,10 +38,14 @@ class SpeculativeConfig:
     # a while (2, 4, 8 ... up to 64 of its steps), so sequences that do not copy their context pay
     # nothing. 0 = never back off.
     backoff_after_misses: int = 2
-    # draft_model: the draft's HF folder or .gguf file (vLLM's field), loaded in the engine's dtype,
-    # and its weight format (None, "gguf", "int8_per_channel": as --quantization).
+    # draft_model: the draft's HF folder or .gguf file (vLLM's field) and its weight format (None,
+    # "gguf", "int8_per_channel": as --quantization). A .gguf draft runs as stored (its quantized
+    # blocks, fp32 activations), as vLLM runs a GGUF draft; an HF folder in the engine's --dtype.
     model: str | None = None
     quantization: str | None = None
+    # draft_model, pagedcore's own field: "auto" (as above) or "float32" / "bfloat16": the draft's
+    # weights and activations in that dtype (a .gguf draft dequantised to it).
+    dtype: str = "auto"
     # layer_skip: how many of the target's first layers the draft runs (1 <= num_layers < the target's).
     num_layers: int | None = None
 
@@ -102,6 +107,13 @@ class SpeculativeConfig:
             fail("model", f'None with method {self.method!r} (a draft "model" is for method "draft_model")')
         if self.quantization is not None and self.method != "draft_model":
             fail("quantization", 'None unless method is "draft_model" (the draft\'s weight format)')
+        if self.dtype not in DRAFT_DTYPES:
+            fail("dtype", "one of " + ", ".join(repr(d) for d in DRAFT_DTYPES) + " (the draft model's dtype)")
+        if self.dtype != "auto" and self.method != "draft_model":
+            fail("dtype", '"auto" unless method is "draft_model" (the draft model\'s dtype)')
+        if self.dtype == "bfloat16" and self.quantization is not None:
+            fail("dtype", f'"auto" or "float32" with quantization {self.quantization!r} (quantized weights run '
+                 "float32 activations)")
         if self.method == "layer_skip":
             if not is_int(self.num_layers) or self.num_layers < 1:
                 fail("num_layers", 'an integer >= 1, the target layers the draft runs (method "layer_skip")')

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 import numpy as np
 import torch
@@ -29,11 +30,26 @@ import torch
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.model_runner import ModelRunner
 from pagedcore.engine.step_input import StepInput
+from pagedcore.loader.weight_memory import describe as describe_weights
 from pagedcore.spec_decode.draft_proposer import DraftProposer
+from pagedcore.spec_decode.proposal_kv import reuse_proposal_kv
 
 logger = logging.getLogger(__name__)
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_MOVES = np.zeros((0, 2), dtype=np.int32)
+
+
+def draft_load_dtype(sc, engine_dtype: str) -> str:
+    """The dtype the draft is loaded with: its own "dtype" field when given; "auto" (as stored) for a
+    .gguf draft or a quantized one (quantized weights run fp32 activations); else the engine's dtype."""
+    from pagedcore.loader.source import resolve_source
+
+    if sc.dtype != "auto":
+        return sc.dtype
+    if sc.quantization is not None or resolve_source(sc.model).format == "gguf":
+        return "auto"
+    return engine_dtype
 
 
 def _vocab_mismatch(target_tok, draft_tok) -> str:
@@ -56,7 +72,7 @@ class DraftModel:
         from pagedcore.loader import load_model
 
         sc = config.speculative_config
-        loaded = load_model(sc.model, dtype=config.dtype, quantization=sc.quantization)
+        loaded = load_model(sc.model, dtype=draft_load_dtype(sc, config.dtype), quantization=sc.quantization)
         mc, tmc = loaded.config, target_loaded.config
         if mc.vocab_size != tmc.vocab_size:
             raise ValueError(f"speculative_config.model {sc.model!r} has a vocabulary of {mc.vocab_size} tokens, "
@@ -74,7 +90,11 @@ class DraftModel:
             self.model.to(config.device)
         self.model_config = mc
         self.device = torch.device(config.device)
-        self.spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)  # the draft's own layers and heads
+        # The draft's own layers, heads and activation dtype (a GGUF draft as stored: fp32 under a bf16 target).
+        self.spec = kvc.KVCacheSpec.of(mc, config.block_size, mc.dtype)
+        self.weight_bytes = dict(loaded.weight_bytes)           # format -> resident bytes of the draft
+        self.target_weight_bytes = sum(target_loaded.weight_bytes.values())   # for the log, side by side
+        self.name = os.path.basename(loaded.source.path) if loaded.source is not None else str(sc.model)
         self.scratch_blocks = scratch_blocks
         self.num_speculative_tokens = sc.num_speculative_tokens
         self.extra_target_blocks = 0          # the target's cache needs no scratch
@@ -96,10 +116,21 @@ class DraftModel:
         return self.scratch_blocks * self.spec.bytes_per_block
 
     def describe(self, num_blocks: int) -> str:
-        return (f"draft model: {self.spec.bytes_per_token_per_layer} B/token/layer x {self.spec.num_layers} layers, "
+        return (f"draft model {self.name} ({describe_weights(self.weight_bytes)}, the target's "
+                f"{self.target_weight_bytes / 1e6:.1f} MB; {self.model_config.dtype} activations and KV): "
+                f"{self.spec.bytes_per_token_per_layer} B/token/layer x "
+                f"{self.spec.num_layers} layers, "
                 f"{self.spec.bytes_per_block / 1024:.1f} KiB per block id, same {num_blocks} block ids "
                 f"({num_blocks * self.spec.bytes_per_block / kvc.GiB:.2f} GiB) + {self.scratch_blocks} scratch blocks "
                 f"for proposals ({self.scratch_bytes / kvc.GiB:.3f} GiB)")
+
+    def add_to(self, report):
+        """report: the target worker's MemoryReport -> the same with the draft's bytes filled in."""
+        runner = self.runner
+        kv = 0 if runner is None or runner.kv_cache is None else runner.kv_cache.nbytes
+        swap = 0 if runner is None or runner.cpu_kv_cache is None else runner.cpu_kv_cache.nbytes
+        return dataclasses.replace(report, draft_weight_bytes=sum(self.weight_bytes.values()),
+                                   draft_kv_cache_bytes=kv, draft_swap_bytes=swap)
 
     # -- set-up ------------------------------------------------------------------------------------
     def bind(self, target_kv_cache: torch.Tensor, num_blocks: int, num_cpu_blocks: int, scheduler) -> None:
@@ -121,7 +152,9 @@ class DraftModel:
     # -- following the target ----------------------------------------------------------------------
     def observe_step(self, step: StepInput, out) -> None:
         """The draft's forward over this step's rows (the target's slots; no logits): block moves first."""
+        records, self.proposer.records = self.proposer.records, {}   # proposals made after the last step
         if out.step_id != self._last_step_id + 1:
+            records = {}
             if not self._stale:
                 logger.info("speculative decoding: %d step(s) ran without the draft model; it now recomputes "
                             "the computed prefix of each sequence it has not followed",
@@ -132,7 +165,13 @@ class DraftModel:
         seq_ids = out.seq_ids
         for sid in out.preempted_seq_ids.tolist():
             self._followed.discard(sid)
-        shadow = dataclasses.replace(step, logits_indices=_NO_ROWS)
+        # Block moves first (a copy-on-write or swap-in must land before reused K/V is written), then
+        # the rows: those a proposal already computed are copied, not run again (proposal_kv.py).
+        self.runner.move_blocks(step)
+        shadow = dataclasses.replace(step, logits_indices=_NO_ROWS, blocks_to_swap_out=_NO_MOVES,
+                                     blocks_to_swap_in=_NO_MOVES, blocks_to_copy=_NO_MOVES)
+        if records:
+            shadow = reuse_proposal_kv(shadow, seq_ids, records, self.runner.kv_cache)
         if self._stale:
             shadow = self._with_catch_up(shadow, out)
         self.runner.execute(shadow)

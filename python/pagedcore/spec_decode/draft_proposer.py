@@ -32,6 +32,7 @@ import torch
 
 from pagedcore.layers.attention import AttentionMetadata
 from pagedcore.ops import attention as kernels
+from pagedcore.spec_decode.proposal_kv import ProposalRecord
 from pagedcore.spec_decode.rejection_sampler import target_probs
 
 # The most sequences one chunk of proposals covers (the scratch blocks are sized for this many).
@@ -75,10 +76,14 @@ class DraftProposer:
             raise ValueError(f"the draft needs {self.blocks_per_seq} scratch blocks, got {scratch_block_ids.shape[0]}")
         self.scratch = scratch_block_ids[:self.max_seqs * self.blocks_per_seq].reshape(
             self.max_seqs, self.blocks_per_seq).astype(np.int32)           # [max_seqs, blocks_per_seq]
+        # seq_id -> where the last proposal put its K/V (proposal_kv.py; a draft model's follow reuses
+        # it). Only the last chunk's: a later chunk reuses the scratch of an earlier one.
+        self.records: dict[int, ProposalRecord] = {}
 
     def propose(self, requests: list[DraftRequest]) -> list[tuple[np.ndarray, torch.Tensor | None]]:
         """Per request: (drafts int64 [k], q fp32 [k, vocab] for temperature > 0, else None)."""
         out = []
+        self.records = {}
         for start in range(0, len(requests), self.max_seqs):
             out += self._propose_chunk(requests[start:start + self.max_seqs])
         return out
@@ -107,6 +112,8 @@ class DraftProposer:
 
         tokens = np.array([r.last_token for r in reqs], dtype=np.int64)          # [M] next inputs
         drafts = np.zeros((num, self.k), dtype=np.int64)                          # [M, K]
+        read = np.zeros((num, self.k), dtype=np.int64)                            # [M, K] tokens read at n + j
+        wrote = np.zeros((num, self.k), dtype=np.int64)                           # [M, K] their scratch slots
         random = [r.seq.params.temperature != 0 for r in reqs]
         q_rows: list[list[torch.Tensor]] = [[] for _ in reqs]                      # per m: [V] per draft
         active = np.arange(num)
@@ -124,10 +131,14 @@ class DraftProposer:
                 query_start_loc=self._tensor(np.arange(active.size + 1, dtype=np.int32)),
                 max_query_len=1, max_seq_len=int(seq_lens.max()))
             logits = self.forward(self._tensor(tokens[active]), self._tensor(pos), md)   # fp32 [A, V]
+            read[active, j] = tokens[active]
+            wrote[active, j] = slots
             chosen = self._choose(logits, [reqs[m] for m in active], [random[m] for m in active],
                                   [q_rows[m] for m in active])                    # [A]
             drafts[active, j] = chosen
             tokens[active] = chosen
+        self.records = {r.seq.seq_id: ProposalRecord(int(n[m]), read[m, :k[m]].copy(), wrote[m, :k[m]].copy())
+                        for m, r in enumerate(reqs) if k[m] > 0}
         return [(drafts[m, :k[m]].copy(), torch.stack(q_rows[m]) if random[m] and q_rows[m] else None)
                 for m in range(num)]
 

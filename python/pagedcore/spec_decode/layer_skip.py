@@ -73,6 +73,10 @@ class LayerSkipDraft:
                 f"+ {self.scratch_blocks} scratch blocks for proposals in the target's cache "
                 f"({self.scratch_bytes / 1024**3:.3f} GiB)")
 
+    def add_to(self, report):
+        """No bytes of its own: its weights and KV are the target's (its scratch is in the target's cache)."""
+        return report
+
     def bind(self, target_kv_cache: torch.Tensor, num_blocks: int, num_cpu_blocks: int, scheduler) -> None:
         """target_kv_cache [L, 2, num_blocks + scratch, ...]: the proposals read and write its first N layers."""
         self._kv = target_kv_cache[:self.num_layers]          # [N, 2, num_blocks + scratch, ...], contiguous

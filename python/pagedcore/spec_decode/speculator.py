@@ -166,13 +166,20 @@ class Speculator:
         greedy = [int(i) for i in spec if rows[i].params.temperature == 0]
         random = [int(i) for i in spec if rows[i].params.temperature != 0]
         if greedy:
-            idx = np.concatenate([np.arange(start[i], start[i + 1]) for i in greedy])       # [Rg]
-            argmax = logits.index_select(0, torch.from_numpy(idx).to(logits.device)).argmax(dim=-1).cpu().numpy()
-            offset = 0
-            for i in greedy:
-                n = int(num_rows[i])
-                accepted[i] = accept_greedy(argmax[offset:offset + n], drafts_of[i])
-                offset += n
+            num_greedy_rows = int(num_rows[greedy].sum())
+            if 2 * num_greedy_rows >= logits.shape[0]:
+                # Mostly draft rows (single-stream decode): one argmax over every row, no gather copy.
+                argmax = logits.argmax(dim=-1).cpu().numpy()                             # [num_logits]
+                for i in greedy:
+                    accepted[i] = accept_greedy(argmax[start[i]:start[i + 1]], drafts_of[i])
+            else:
+                idx = np.concatenate([np.arange(start[i], start[i + 1]) for i in greedy])   # [Rg]
+                argmax = logits.index_select(0, torch.from_numpy(idx).to(logits.device)).argmax(dim=-1).cpu().numpy()
+                offset = 0
+                for i in greedy:
+                    n = int(num_rows[i])
+                    accepted[i] = accept_greedy(argmax[offset:offset + n], drafts_of[i])
+                    offset += n
         if random:
             idx = np.concatenate([np.arange(start[i], start[i + 1]) for i in random])       # [Rr]
             params = [rows[i].params for i in random for _ in range(int(num_rows[i]))]
