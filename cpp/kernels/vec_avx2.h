@@ -85,10 +85,16 @@ struct VecAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // Four reduce_add at once, each summed in exactly reduce_add's order (halves folded), so a dot
+  // product does not change with the tile it lands in (a row of a 5-row call equals the same row
+  // alone: what makes greedy speculation equal greedy decoding).
   static void reduce_add4(R a, R b, R c, R d, float* out) {
-    // a0123 b0123 c0123 d0123 | a4567 b4567 c4567 d4567
-    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+    __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    _MM_TRANSPOSE4_PS(s0, s1, s2, s3);  // s<i> = lane i of a, b, c, d
+    _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(s0, s2), _mm_add_ps(s1, s3)));
   }
   static float reduce_max(R a) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

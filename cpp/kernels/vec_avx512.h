@@ -92,13 +92,17 @@ struct VecAvx512 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static void reduce_add4(R a, R b, R c, R d, float* out) {  // each folded to 8 lanes, then as VecAvx2
-    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
-    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
-    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
-    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  // Four reduce_add at once, each in exactly reduce_add's order (see VecAvx2::reduce_add4: a dot
+  // product must not depend on the tile it lands in).
+  static void reduce_add4(R a, R b, R c, R d, float* out) {
+    __m128 s[4];
+    const R v[4] = {a, b, c, d};
+    for (int i = 0; i < 4; ++i) {
+      const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v[i]), _mm512_extractf32x8_ps(v[i], 1));
+      s[i] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    }
+    _MM_TRANSPOSE4_PS(s[0], s[1], s[2], s[3]);  // s[i] = lane i of a, b, c, d
+    _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(s[0], s[2]), _mm_add_ps(s[1], s[3])));
   }
   static float reduce_max(R a) { return _mm512_reduce_max_ps(a); }
 };

@@ -185,3 +185,18 @@ def test_out_never_aliases_inputs_in_the_c_layer():
         handle(x.data_ptr(), x.data_ptr(), 2, 8, 4)
     with pytest.raises(ValueError, match="x_stride"):
         handle(torch.empty(2, 4).data_ptr(), x.data_ptr(), 2, 3, 4)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_the_rows_beside_it(isa, dtype):
+    """Row r of an M-row call equals the same row computed alone, bit for bit, for every M: the
+    kernel's tiles sum each dot product in one order whatever the tile shape (a 5-row speculative
+    verification must give the 1-row decode's logits, or greedy speculation drifts at near ties)."""
+    torch.manual_seed(0)
+    w = torch.randn(300, 200).to(dtype)  # N not a multiple of any tile; K with a tail
+    x = torch.randn(9, 200).to(dtype)
+    kernel = linear_ops.LinearKernel(w, out_dtype=torch.float32, isa=isa)
+    alone = torch.cat([kernel(x[r:r + 1].contiguous()) for r in range(9)])  # [9, 300]
+    for M in range(2, 10):
+        assert torch.equal(kernel(x[:M].contiguous()), alone[:M]), f"{M} rows"

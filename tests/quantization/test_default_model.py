@@ -8,11 +8,11 @@ the chat prompt: max |logit difference| ~2.0 over logits up to ~38, mean ~0.24, 
 
 "What is the capital of France?" is a near tie at its first answer token even in fp32 ("The" 25.33,
 "L" 25.24): the as-stored model starts "L'Étoile..." there (the float64 oracle of the same
-arithmetic says "The": the tie is that close). The greedy-text check uses "What is 2 + 2?", whose
+arithmetic says "The": the tie is that close; as stored, "La" and "The" tie for second place). The greedy-text check uses "What is 2 + 2?", whose
 third answer token is a near tie too (" to" 27.51 / " is" 27.45 in fp32): the as-stored answer is
 "The answer is 4." or "The answer to this classic math problem is 4." depending on the kernels' float
 summation order, so the test allows a divergence at a near tie only; for France, each side's first
-token is in the other's top 2.
+token is among the other's top 3, within 0.5 of its best.
 """
 
 from __future__ import annotations
@@ -86,5 +86,7 @@ def test_greedy_answer_and_logits_near_the_dequantised_model(stored, dequantised
     diff = (ours - reference).abs()
     assert diff.max() < MAX_LOGIT_DIFF and diff.mean() < MEAN_LOGIT_DIFF, (diff.max(), diff.mean())
     assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= ARGMAX_AGREEMENT
-    # the near tie: each side's first answer token in the other's top 2
-    assert ours[-1].argmax() in reference[-1].topk(2).indices and reference[-1].argmax() in ours[-1].topk(2).indices
+    # the near tie: each side's first answer token among the other's top 3 and within 0.5 of its best
+    # (as stored, measured: "L" 24.71, then "La" and "The" tied at 24.38; fp32: "The" 25.33, "L" 25.24)
+    for a, b in ((ours[-1], reference[-1]), (reference[-1], ours[-1])):
+        assert a.argmax() in b.topk(3).indices and b.max() - b[a.argmax()] < 0.5
