@@ -61,6 +61,10 @@ class EngineConfig:
     dtype: str = "float32"                   # weights, activations and KV cache: float32 | bfloat16 | auto
                                              # (auto: a GGUF keeps its blocks, fp32 activations; else float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
+    # vLLM's --kv-cache-dtype: auto (= the activations' dtype) | float32 | bfloat16. A bf16 cache under fp32
+    # activations (a GGUF as stored) halves the cache's bytes and attention's reads; keys and values are
+    # rounded to bf16 as they are written. In-process CPU engines only.
+    kv_cache_dtype: str = "auto"
     block_size: int = 16                     # tokens per KV block
     max_num_seqs: int = 256                  # sequences per step
     max_num_batched_tokens: int | None = None  # token budget per step; None = 2048 (>= max_model_len unchunked)
@@ -104,6 +108,21 @@ class EngineConfig:
             self.dtype = "bfloat16"
         if self.dtype not in (*_DTYPES, "auto"):
             fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
+        self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}.get(
+            self.kv_cache_dtype, self.kv_cache_dtype)
+        if str(self.kv_cache_dtype).startswith("fp8"):
+            raise ValueError(f"EngineConfig.kv_cache_dtype {self.kv_cache_dtype!r} is not supported: no fp8 KV "
+                             "cache kernels here; use auto, bfloat16 or float32")
+        if self.kv_cache_dtype not in (*_DTYPES, "auto"):
+            fail("kv_cache_dtype", "one of " + ", ".join(("auto", *_DTYPES)))
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype != self.dtype:
+            where = ("device " + repr(self.device) if self.device != "cpu" else
+                     "tensor or pipeline parallelism" if self.tensor_parallel_size * self.pipeline_parallel_size > 1
+                     else None)
+            if where is not None:
+                raise ValueError(f"EngineConfig.kv_cache_dtype {self.kv_cache_dtype!r} differs from the activations' "
+                                 f"and is supported in-process on the CPU only, not with {where}; drop "
+                                 "--kv-cache-dtype or pass auto")
         if self.quantization is not None and quantization_error(self.quantization):
             raise ValueError(f"EngineConfig.quantization: {quantization_error(self.quantization)}")
         for field in ("block_size", "max_num_seqs"):
@@ -152,9 +171,11 @@ class EngineConfig:
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
 
     def resolve_dtype(self, model_dtype: str) -> None:
-        """dtype "auto" becomes the loaded model's activation dtype (what the KV cache holds)."""
+        """dtype "auto" becomes the loaded model's activation dtype; kv_cache_dtype "auto" becomes dtype."""
         if self.dtype == "auto":
             self.dtype = model_dtype
+        if self.kv_cache_dtype == "auto":
+            self.kv_cache_dtype = self.dtype
 
     def resolve_lengths(self, model_max_len: int) -> None:
         """Fills max_model_len / max_num_batched_tokens from the model and checks them against each other."""

@@ -34,7 +34,10 @@ def test_kv_cache_memory_bytes_is_vllms_name_for_kv_cache_memory():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8 is not supported"),
+    (["--kv-cache-dtype", "fp8"], "kv_cache_dtype 'fp8' is not supported: no fp8 KV cache kernels"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype 'fp8_e5m2' is not supported"),
+    (["--kv-cache-dtype", "int4"], "kv_cache_dtype must be one of auto, float32, bfloat16"),
+    (["--kv-cache-dtype", "bfloat16", "--dtype", "float32", "-tp", "2"], "in-process on the CPU only"),
     (["--cpu-offload-gb", "4"], "--cpu-offload-gb 4.0 is not supported"),
     (["--gpu-memory-utilization", "0.8"], "--gpu-memory-utilization applies to a GPU"),
     (["--kv-cache-memory", "1GiB", "--kv-cache-memory-bytes", "2GiB"], "give one"),
@@ -43,6 +46,16 @@ def test_kv_cache_memory_bytes_is_vllms_name_for_kv_cache_memory():
 def test_cache_flags_it_cannot_honour_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         engine_config_from_args(parse(*argv))
+
+
+def test_kv_cache_dtype_reaches_the_config():
+    config = engine_config_from_args(parse("--kv-cache-dtype", "bf16", "--dtype", "auto"))
+    assert config.kv_cache_dtype == "bfloat16"
+    config.resolve_dtype("float32")
+    assert (config.dtype, config.kv_cache_dtype) == ("float32", "bfloat16")
+    auto = engine_config_from_args(parse("--dtype", "auto"))
+    auto.resolve_dtype("float32")
+    assert auto.kv_cache_dtype == "float32"  # auto: the activations' dtype
 
 
 def test_accepted_spellings_of_the_defaults_pass():

@@ -90,7 +90,7 @@ def num_blocks_for(spec: KVCacheSpec, budget_bytes: int) -> int:
 def describe(spec: KVCacheSpec, num_blocks: int, budget_bytes: int | None = None) -> str:
     tokens = num_blocks * spec.block_size
     total = num_blocks * spec.bytes_per_block
-    text = (f"KV cache: {spec.bytes_per_token_per_layer} B/token/layer x {spec.num_layers} layers = "
+    text = (f"KV cache ({str(spec.dtype).removeprefix('torch.')}): {spec.bytes_per_token_per_layer} B/token/layer x {spec.num_layers} layers = "
             f"{spec.bytes_per_token_per_layer * spec.num_layers / 1024:.1f} KiB/token; {num_blocks} blocks x "
             f"{spec.block_size} tokens = {tokens} tokens of context in {total / GiB:.2f} GiB")
     if budget_bytes is not None:

@@ -73,7 +73,7 @@ class LLMEngine:
         config.resolve_lengths(mc.max_position_embeddings)
         self.eos_token_ids = list(mc.eos_token_ids)
 
-        spec = kvc.KVCacheSpec.of(mc, config.block_size, config.dtype)
+        spec = kvc.KVCacheSpec.of(mc, config.block_size, config.kv_cache_dtype)
         on_gpu = torch.device(config.device).type == "cuda"
         if executor is not None:
             # One block id costs every rank its shard of the block: size the pool by the machine's bytes.

@@ -42,7 +42,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory-bytes", default=None, metavar="BYTES",
                    help="vLLM's name for --kv-cache-memory (bytes or a size like 4GiB); give one of the two")
     g.add_argument("--kv-cache-dtype", default="auto",
-                   help="KV cache dtype: only auto (the model dtype) is supported; fp8 variants are refused")
+                   help="KV cache dtype (vLLM's flag): auto (the activations' dtype), bfloat16 or float32; a "
+                        "bfloat16 cache under float32 activations (e.g. a GGUF run as stored) halves the "
+                        "cache's bytes; fp8 variants are refused")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0,
                    help="vLLM's weight offload to CPU memory: only 0 is supported (on the CPU the weights are "
                         "already in CPU memory)")
@@ -79,9 +81,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def _check_cache_flags(args: argparse.Namespace) -> None:
     """vLLM's cache flags this engine cannot honour: refused by name, never silently ignored."""
-    if getattr(args, "kv_cache_dtype", "auto") not in ("auto", None):
-        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} is not supported: the KV cache is stored in the "
-                         "model dtype (--dtype); drop the flag or pass --kv-cache-dtype auto")
     if getattr(args, "cpu_offload_gb", 0):
         raise ValueError(f"--cpu-offload-gb {args.cpu_offload_gb} is not supported (no weight offload); drop it")
     if getattr(args, "kv_cache_memory_bytes", None) is not None:
@@ -104,6 +103,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         scheduling_policy=args.scheduling_policy, kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs, device=args.device,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
         speculative_config=getattr(args, "speculative_config", None),
         enable_lora=getattr(args, "enable_lora", False), max_loras=getattr(args, "max_loras", 1),
         max_lora_rank=getattr(args, "max_lora_rank", 16), max_cpu_loras=getattr(args, "max_cpu_loras", None),
