@@ -23,14 +23,19 @@ def layer_skip_spec(num_layers: int, k: int = 3) -> dict:
     return {"method": "layer_skip", "num_layers": num_layers, "num_speculative_tokens": k, **ALWAYS}
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-def test_target_as_its_own_draft_accepts_everything(tiny_llama, reference, draft_folders, setting):
+def exact_run(tiny_llama, reference, speculative_config: dict, setting: str):
+    """Greedy under `setting` with speculation, asserted equal to HF's; returns (scheduler stats of
+    the clean engine, the speculator's stats)."""
     _, folder = tiny_llama
     prompts, expected = reference
-    llm, got = generate(folder, prompts, speculative_config=draft_spec(draft_folders, "self"), **SETTINGS[setting])
+    llm, got = generate(folder, prompts, speculative_config=speculative_config, **SETTINGS[setting])
     assert got == expected
-    stats = check_clean(llm)
-    spec = llm.llm_engine.speculator.stats
+    return check_clean(llm), llm.llm_engine.speculator.stats
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_target_as_its_own_draft_accepts_everything(tiny_llama, reference, draft_folders, setting):
+    stats, spec = exact_run(tiny_llama, reference, draft_spec(draft_folders, "self"), setting)
     assert spec.num_draft_tokens > 0
     assert spec.num_accepted_tokens == spec.num_draft_tokens        # the draft is the target: 100%
     if setting.startswith("preempt"):
@@ -39,36 +44,22 @@ def test_target_as_its_own_draft_accepts_everything(tiny_llama, reference, draft
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_noisy_draft_greedy_equals_hf(tiny_llama, reference, draft_folders, setting):
-    _, folder = tiny_llama
-    prompts, expected = reference
-    llm, got = generate(folder, prompts, speculative_config=draft_spec(draft_folders, "noisy"), **SETTINGS[setting])
-    assert got == expected
-    check_clean(llm)
-    spec = llm.llm_engine.speculator.stats
+    _, spec = exact_run(tiny_llama, reference, draft_spec(draft_folders, "noisy"), setting)
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens      # accepted, rejected and bonus paths
     assert spec.accepted_per_pos[-1] > 0                               # all K accepted somewhere
 
 
 @pytest.mark.parametrize("setting", ["default", "chunked_prefill", "preempt_swap"])
 def test_unrelated_random_draft_is_still_exact(tiny_llama, reference, draft_folders, setting):
-    _, folder = tiny_llama
-    prompts, expected = reference
-    llm, got = generate(folder, prompts, speculative_config=draft_spec(draft_folders, "random"), **SETTINGS[setting])
-    assert got == expected
-    check_clean(llm)
-    spec = llm.llm_engine.speculator.stats
+    _, spec = exact_run(tiny_llama, reference, draft_spec(draft_folders, "random"), setting)
     assert spec.num_draft_tokens > 0 and spec.acceptance_rate < 0.2   # low acceptance, same answers
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_layer_skip_greedy_equals_hf(tiny_llama, reference, setting, num_layers):
-    _, folder = tiny_llama
-    prompts, expected = reference
-    llm, got = generate(folder, prompts, speculative_config=layer_skip_spec(num_layers), **SETTINGS[setting])
-    assert got == expected
-    stats = check_clean(llm)
-    assert llm.llm_engine.speculator.stats.num_draft_tokens > 0
+    stats, spec = exact_run(tiny_llama, reference, layer_skip_spec(num_layers), setting)
+    assert spec.num_draft_tokens > 0
     if setting.startswith("preempt"):
         assert stats.num_preemptions > 0
 

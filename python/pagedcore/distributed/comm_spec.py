@@ -113,32 +113,31 @@ def remove_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
     return removed
 
 
+def _create_segment(create, count_name: str, count: int, bytes_name: str, nbytes: int) -> str:
+    """Checks the sizes, clears segments of dead processes, then create(name, count, nbytes) under a
+    new name recorded as this process's (so it is unlinked when we exit). Returns the name."""
+    if count < 1:
+        raise ValueError(f"{count_name} must be >= 1, got {count}")
+    if nbytes < 64:
+        raise ValueError(f"{bytes_name} must be >= 64, got {nbytes}")
+    remove_stale_segments()
+    name = _new_name()
+    create(name, count, nbytes)
+    with _lock:
+        _created[name] = os.getpid()
+    return name
+
+
 def create_shm_group(world_size: int, max_bytes: int = DEFAULT_ALL_REDUCE_BYTES) -> ShmGroupSpec:
     """A shared-memory all-reduce group of `world_size` ranks on this machine; `max_bytes` is the
     buffer per rank (tensors above it are reduced in several rounds)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if max_bytes < 64:
-        raise ValueError(f"max_bytes must be >= 64, got {max_bytes}")
-    remove_stale_segments()
-    name = _new_name()
-    _core.ShmAllReduce.create(name, world_size, max_bytes)
-    with _lock:
-        _created[name] = os.getpid()
+    name = _create_segment(_core.ShmAllReduce.create, "world_size", world_size, "max_bytes", max_bytes)
     return ShmGroupSpec(name=name, world_size=world_size, max_bytes=max_bytes)
 
 
 def create_shm_channel(num_readers: int, capacity_bytes: int = DEFAULT_CHANNEL_BYTES) -> ShmChannelSpec:
     """A shared-memory channel with one writer and `num_readers` readers on this machine."""
-    if num_readers < 1:
-        raise ValueError(f"num_readers must be >= 1, got {num_readers}")
-    if capacity_bytes < 64:
-        raise ValueError(f"capacity_bytes must be >= 64, got {capacity_bytes}")
-    remove_stale_segments()
-    name = _new_name()
-    _core.ShmRing.create(name, num_readers, capacity_bytes)
-    with _lock:
-        _created[name] = os.getpid()
+    name = _create_segment(_core.ShmRing.create, "num_readers", num_readers, "capacity_bytes", capacity_bytes)
     return ShmChannelSpec(name=name, num_readers=num_readers, capacity_bytes=capacity_bytes)
 
 
