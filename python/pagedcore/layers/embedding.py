@@ -8,6 +8,8 @@ kernel over the same bytes: no float copy of the table exists.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,8 +67,6 @@ class VocabEmbedding(nn.Module):
         """A blocked table repacks into 16-row groups where the CPU has the x16 kernel (as quantized
         linear layers do): the tied LM head's logits are the model's largest product at every batch
         size, and lookups gather their rows' bytes back (ops/quant_repack.py). Same bytes."""
-        import os
-
         if self.block_format is None or os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
             return
         from pagedcore.ops.quant_repack import repack_x16, repackable

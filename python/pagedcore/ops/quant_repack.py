@@ -14,6 +14,8 @@ Per group of 16 rows and block of 32 weights (ggml block: d, [m], qs):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pagedcore import _core
@@ -85,6 +87,7 @@ def unpack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
     return rows.transpose(1, 2).reshape(N, -1).contiguous()
 
 
+@functools.lru_cache(maxsize=None)
 def _lane_offsets(fmt: str) -> torch.Tensor:
     """int64 [16, block_bytes]: where each byte of lane (row) l's ggml block sits inside a repacked
     16-row block of `fmt` (the inverse map of repack_x16 for one block)."""
