@@ -27,7 +27,10 @@ void bind_linear(py::module_& m) {
       .value("Q6_K", kernels::WeightFormat::kQ6_K)
       .value("Q4_0X16", kernels::WeightFormat::kQ4_0x16)
       .value("Q4_1X16", kernels::WeightFormat::kQ4_1x16)
-      .value("Q8_0X16", kernels::WeightFormat::kQ8_0x16);
+      .value("Q8_0X16", kernels::WeightFormat::kQ8_0x16)
+      .value("Q4_KX16", kernels::WeightFormat::kQ4_Kx16)
+      .value("Q5_KX16", kernels::WeightFormat::kQ5_Kx16)
+      .value("Q6_KX16", kernels::WeightFormat::kQ6_Kx16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,

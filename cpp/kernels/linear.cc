@@ -172,6 +172,9 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ4_0x16: return "q4_0x16";
     case WeightFormat::kQ4_1x16: return "q4_1x16";
     case WeightFormat::kQ8_0x16: return "q8_0x16";
+    case WeightFormat::kQ4_Kx16: return "q4_kx16";
+    case WeightFormat::kQ5_Kx16: return "q5_kx16";
+    case WeightFormat::kQ6_Kx16: return "q6_kx16";
   }
   return "unknown";
 }

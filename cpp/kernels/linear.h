@@ -35,6 +35,9 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //   kQ4_0x16, kQ4_1x16, kQ8_0x16: the same blocks repacked once at load, 16 weight rows interleaved
 //                    (quant_blocks.h BlockQ*x16; N a multiple of 16; the same bytes per weight), so
 //                    one vector of integer products holds 16 output columns (quant_x16_impl.h).
+//   kQ4_Kx16, kQ5_Kx16, kQ6_Kx16: the k-quants repacked the same way, their 6-bit sub-block scales
+//                    unpacked to bytes (quant_blocks.h; 148 / 180 / 210 bytes per row and 256
+//                    weights against ggml's 144 / 176 / 210; quant_kx16_impl.h).
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -48,8 +51,11 @@ enum class WeightFormat : int32_t {
   kQ4_0x16 = 9,
   kQ4_1x16 = 10,
   kQ8_0x16 = 11,
+  kQ4_Kx16 = 12,
+  kQ5_Kx16 = 13,
+  kQ6_Kx16 = 14,
 };
-constexpr int kNumWeightFormats = 12;
+constexpr int kNumWeightFormats = 15;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);

@@ -81,10 +81,49 @@ struct BlockQ8_0x16 {
 };
 constexpr int64_t kRowsX16 = 16;
 
+// The k-quants repacked: per 16-row group and super-block of 256 weights, the 16 rows' fields with
+// the 6-bit scales unpacked to one byte each (quant_kx16_impl.h reads them with one widening load;
+// pagedcore.ops.quant_repack builds them). A "pair chunk" p holds, for row r, sub-blocks 2 p and
+// 2 p + 1's values at bytes 2 r, 2 r + 1: widened to int16 it is one int32 lane per row holding both
+// (vpmaddwd / vpdpwssd against two activation sums; the low or high half is one sub-block's scale).
+//   Q4_Kx16: qs[i] (i = 8 c + j) holds, for row r, ggml qs bytes 4 i .. 4 i + 3: low nibbles weights
+//            64 c + 4 j + t (sub-block 2 c), high nibbles 64 c + 32 + 4 j + t (sub-block 2 c + 1).
+//            148 bytes per row and super-block (ggml: 144; the 12 packed scale bytes become 16).
+//   Q5_Kx16: as Q4_Kx16, plus qh[j] (j = 0..7) = ggml qh bytes 4 j .. 4 j + 3 of each row (bit s of
+//            byte t: the fifth bit of weight 32 s + 4 j + t). 180 bytes per row (ggml: 176).
+//   Q6_Kx16: ql[i] = ggml ql bytes 4 i .. 4 i + 3 (i = 16 h + 8 u + j: weights 128 h + 32 u + 4 j + t in
+//            the low nibbles, 128 h + 32 (u + 2) + 4 j + t in the high), qh[i] = ggml qh bytes 4 i ..
+//            4 i + 3 (i = 8 h + j: bits 2 t, 2 t + 1 of byte t' are the top bits of weight
+//            128 h + 32 t + 4 j + t'); sc pair chunks of the int8 scales. 210 bytes per row, as ggml.
+struct BlockQ4_Kx16 {
+  uint16_t d[16];        // fp16 super-block scale of each row
+  uint16_t dmin[16];     // fp16 scale of the minimums
+  uint8_t sc[4][32];     // pair chunks of the 6-bit sub-block scales (0..63)
+  uint8_t mn[4][32];     // pair chunks of the 6-bit sub-block minimums
+  uint8_t qs[32][64];
+};
+struct BlockQ5_Kx16 {
+  uint16_t d[16];
+  uint16_t dmin[16];
+  uint8_t sc[4][32];
+  uint8_t mn[4][32];
+  uint8_t qh[8][64];     // the fifth bits
+  uint8_t qs[32][64];
+};
+struct BlockQ6_Kx16 {
+  uint16_t d[16];
+  int8_t sc[8][32];      // pair chunks of the int8 scales of the 16 sub-blocks of 16 weights
+  uint8_t ql[32][64];
+  uint8_t qh[16][64];
+};
+
 static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
 static_assert(sizeof(BlockQ4_0x16) == 16 * sizeof(BlockQ4_0), "16 rows of Q4_0, repacked");
 static_assert(sizeof(BlockQ4_1x16) == 16 * sizeof(BlockQ4_1), "16 rows of Q4_1, repacked");
 static_assert(sizeof(BlockQ8_0x16) == 16 * sizeof(BlockQ8_0), "16 rows of Q8_0, repacked");
+static_assert(sizeof(BlockQ4_Kx16) == 16 * 148, "16 rows of Q4_K, repacked (scales unpacked)");
+static_assert(sizeof(BlockQ5_Kx16) == 16 * 180, "16 rows of Q5_K, repacked (scales unpacked)");
+static_assert(sizeof(BlockQ6_Kx16) == 16 * sizeof(BlockQ6_K), "16 rows of Q6_K, repacked");
 static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
 static_assert(sizeof(BlockQ4_K) == 144, "ggml block_q4_K layout");

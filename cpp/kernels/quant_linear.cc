@@ -101,7 +101,8 @@ Workspace& workspace() {
 bool is_quantized_format(WeightFormat f) { return quant_block_size(f) > 0; }
 
 bool is_x16_format(WeightFormat f) {
-  return f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 || f == WeightFormat::kQ8_0x16;
+  return f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 || f == WeightFormat::kQ8_0x16 ||
+         f == WeightFormat::kQ4_Kx16 || f == WeightFormat::kQ5_Kx16 || f == WeightFormat::kQ6_Kx16;
 }
 
 int64_t quant_block_size(WeightFormat f) {
@@ -115,7 +116,10 @@ int64_t quant_block_size(WeightFormat f) {
     case WeightFormat::kQ8_0x16: return kBlock32;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
-    case WeightFormat::kQ6_K: return kBlockK;
+    case WeightFormat::kQ6_K:
+    case WeightFormat::kQ4_Kx16:
+    case WeightFormat::kQ5_Kx16:
+    case WeightFormat::kQ6_Kx16: return kBlockK;
     default: return -1;
   }
 }
@@ -131,7 +135,10 @@ int64_t quant_row_bytes(WeightFormat f, int64_t K) {
     case WeightFormat::kQ8_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ8_0));
     case WeightFormat::kQ4_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ4_K));
     case WeightFormat::kQ5_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ5_K));
-    case WeightFormat::kQ6_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ6_K));
+    case WeightFormat::kQ6_K:
+    case WeightFormat::kQ6_Kx16: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ6_K));
+    case WeightFormat::kQ4_Kx16: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ4_Kx16)) / kRowsX16;
+    case WeightFormat::kQ5_Kx16: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ5_Kx16)) / kRowsX16;
     default: return -1;
   }
 }

@@ -275,14 +275,17 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 }  // namespace kernels
 }  // namespace pagedcore
 #include "kernels/quant_x16_impl.h"
+#include "kernels/quant_kx16_impl.h"
 namespace pagedcore {
 namespace kernels {
 namespace PC_ISA_NAMESPACE {
 #define PC_X16_FN(kind) &x16::block<kind>
 #define PC_X16_Q8_FN (x16::X::kQ8 ? &x16::block<0> : nullptr)
+#define PC_KX16_FN(kind) &x16::kblock<kind>
 #else  // no repacked kernels for this ISA (the loader does not repack for it)
 #define PC_X16_FN(kind) nullptr
 #define PC_X16_Q8_FN nullptr
+#define PC_KX16_FN(kind) nullptr
 #endif
 
 const QuantIsaKernels kQuantKernels = {{
@@ -298,9 +301,13 @@ const QuantIsaKernels kQuantKernels = {{
     /* kQ4_0x16 */ PC_X16_FN(1),
     /* kQ4_1x16 */ PC_X16_FN(2),
     /* kQ8_0x16 */ PC_X16_Q8_FN,
+    /* kQ4_Kx16 */ PC_KX16_FN(4),
+    /* kQ5_Kx16 */ PC_KX16_FN(5),
+    /* kQ6_Kx16 */ PC_KX16_FN(6),
 }};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN
+#undef PC_KX16_FN
 
 const QuantIsaKernels& quant_kernels() { return kQuantKernels; }
 

@@ -144,6 +144,66 @@ struct X16Avx2 {
     _mm256_storeu_ps(p, a.h[0]);
     _mm256_storeu_ps(p + 8, a.h[1]);
   }
+
+  // The repacked k-quants (quant_kx16_impl.h): the sub-block scale inside vpmaddwd (both int16
+  // halves of a lane hold it), as AVX-512BW.
+  static constexpr int kMaxRowsK = 2;
+  static constexpr bool kScaleInDot = true;
+  static V or_(const V& a, const V& b) { return {{_mm256_or_si256(a.h[0], b.h[0]), _mm256_or_si256(a.h[1], b.h[1])}}; }
+  static V and8(const V& a, uint8_t m) {
+    const __m256i mask = _mm256_set1_epi8(static_cast<char>(m));
+    return {{_mm256_and_si256(a.h[0], mask), _mm256_and_si256(a.h[1], mask)}};
+  }
+  static V shl16(const V& a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {{_mm256_sll_epi16(a.h[0], c), _mm256_sll_epi16(a.h[1], c)}};
+  }
+  static V shr16(const V& a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {{_mm256_srl_epi16(a.h[0], c), _mm256_srl_epi16(a.h[1], c)}};
+  }
+  static I pairs_u8(const uint8_t* p) {
+    const auto* q = reinterpret_cast<const __m128i*>(p);
+    return {{_mm256_cvtepu8_epi16(_mm_loadu_si128(q)), _mm256_cvtepu8_epi16(_mm_loadu_si128(q + 1))}};
+  }
+  static I pairs_s8(const int8_t* p) {
+    const auto* q = reinterpret_cast<const __m128i*>(p);
+    return {{_mm256_cvtepi8_epi16(_mm_loadu_si128(q)), _mm256_cvtepi8_epi16(_mm_loadu_si128(q + 1))}};
+  }
+  static I dot2(I acc, const I& pairs, const int16_t* x2) {
+    int32_t two;
+    std::memcpy(&two, x2, sizeof two);
+    const __m256i x = _mm256_set1_epi32(two);
+    for (int i = 0; i < 2; ++i) acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(pairs.h[i], x));
+    return acc;
+  }
+  static I scale_lo(const I& p) {
+    const __m256i lo = _mm256_set1_epi32(0xFFFF);
+    return {{_mm256_or_si256(_mm256_and_si256(p.h[0], lo), _mm256_slli_epi32(p.h[0], 16)),
+             _mm256_or_si256(_mm256_and_si256(p.h[1], lo), _mm256_slli_epi32(p.h[1], 16))}};
+  }
+  static I scale_hi(const I& p) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    return {{_mm256_or_si256(_mm256_and_si256(p.h[0], hi), _mm256_srli_epi32(p.h[0], 16)),
+             _mm256_or_si256(_mm256_and_si256(p.h[1], hi), _mm256_srli_epi32(p.h[1], 16))}};
+  }
+  static I dot4_sc(I acc, const V& w, const int8_t* x4, const I& sc) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m256i x = _mm256_set1_epi32(four);
+    for (int i = 0; i < 2; ++i)
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w.h[i], x), sc.h[i]));
+    return acc;
+  }
+  static I mul_add(I acc, const I& s, const I& sc) {
+    for (int i = 0; i < 2; ++i) acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_mullo_epi32(s.h[i], sc.h[i]));
+    return acc;
+  }
+  static I sub(const I& a, const I& b) { return {{_mm256_sub_epi32(a.h[0], b.h[0]), _mm256_sub_epi32(a.h[1], b.h[1])}}; }
+  static I shl32(const I& a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {{_mm256_sll_epi32(a.h[0], c), _mm256_sll_epi32(a.h[1], c)}};
+  }
 };
 
 }  // namespace PC_ISA_NAMESPACE

@@ -141,6 +141,40 @@ struct X16Avx512 {
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fmadd_s(F a, float s, F c) { return _mm512_fmadd_ps(a, _mm512_set1_ps(s), c); }
   static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+
+  // The repacked k-quants (quant_kx16_impl.h). BW multiplies the sub-block scale inside vpmaddwd
+  // (both int16 halves of a lane hold it); VNNI sums a sub-block by vpdpbusd, then one vpmulld.
+  static constexpr int kMaxRowsK = kVnni ? 4 : 8;  // VNNI: 4 int32 + 4 fp32 + 8 sub-block sums live
+  static constexpr bool kScaleInDot = !kVnni;
+  static V or_(V a, V b) { return _mm512_or_si512(a, b); }
+  static V and8(V a, uint8_t m) { return _mm512_and_si512(a, _mm512_set1_epi8(static_cast<char>(m))); }
+  static V shl16(V a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+  static V shr16(V a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+  static I pairs_u8(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static I pairs_s8(const int8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static I dot2(I acc, I pairs, const int16_t* x2) {
+    int32_t two;
+    std::memcpy(&two, x2, sizeof two);
+    if (kVnni) return _mm512_dpwssd_epi32(acc, pairs, _mm512_set1_epi32(two));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi32(two)));
+  }
+  static I scale_lo(I pairs) {
+    if (kVnni) return _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+    return _mm512_or_si512(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(pairs, 16));
+  }
+  static I scale_hi(I pairs) {
+    if (kVnni) return _mm512_srai_epi32(pairs, 16);
+    return _mm512_or_si512(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))),
+                           _mm512_srli_epi32(pairs, 16));
+  }
+  static I dot4_sc(I acc, V w, const int8_t* x4, I sc) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, _mm512_set1_epi32(four)), sc));
+  }
+  static I mul_add(I acc, I s, I sc) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(s, sc)); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I shl32(I a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
 };
 
 }  // namespace PC_ISA_NAMESPACE

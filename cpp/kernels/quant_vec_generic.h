@@ -264,6 +264,67 @@ struct X16Generic {
     return c;
   }
   static void store(float* p, const F& a) { std::memcpy(p, a.v, sizeof a.v); }
+
+  // The repacked k-quants (quant_kx16_impl.h), VNNI's arithmetic: a sub-block's sums, then times its
+  // scale. A lane of a pairs vector holds two int16 values (lo, hi): kept as lo + 65536 hi.
+  static constexpr int kMaxRowsK = 4;
+  static constexpr bool kScaleInDot = false;
+  static V or_(V a, const V& b) {
+    for (int i = 0; i < 64; ++i) a.b[i] |= b.b[i];
+    return a;
+  }
+  static V and8(V a, uint8_t m) {
+    for (uint8_t& b : a.b) b &= m;
+    return a;
+  }
+  // Per byte: the SIMD traits shift 16-bit words, which differs only in bits the callers mask off.
+  static V shl16(V a, int n) {
+    for (uint8_t& b : a.b) b = static_cast<uint8_t>(b << n);
+    return a;
+  }
+  static V shr16(V a, int n) {
+    for (uint8_t& b : a.b) b = static_cast<uint8_t>(b >> n);
+    return a;
+  }
+  static I pairs_u8(const uint8_t* p) {
+    I r;
+    for (int l = 0; l < 16; ++l) r.v[l] = static_cast<int32_t>(p[2 * l]) + 65536 * static_cast<int32_t>(p[2 * l + 1]);
+    return r;
+  }
+  static I pairs_s8(const int8_t* p) {
+    I r;
+    for (int l = 0; l < 16; ++l) r.v[l] = static_cast<int32_t>(p[2 * l]) + 65536 * static_cast<int32_t>(p[2 * l + 1]);
+    return r;
+  }
+  static int32_t lo16(int32_t v) { return static_cast<int16_t>(static_cast<uint32_t>(v) & 0xFFFFu); }
+  static int32_t hi16(int32_t v) { return (v - lo16(v)) / 65536; }
+  static I dot2(I acc, const I& pairs, const int16_t* x2) {
+    for (int l = 0; l < 16; ++l) acc.v[l] += lo16(pairs.v[l]) * x2[0] + hi16(pairs.v[l]) * x2[1];
+    return acc;
+  }
+  static I scale_lo(I p) {
+    for (int32_t& v : p.v) v = lo16(v);
+    return p;
+  }
+  static I scale_hi(I p) {
+    for (int32_t& v : p.v) v = hi16(v);
+    return p;
+  }
+  static I dot4_sc(I acc, const V& w, const int8_t* x4, const I& sc) {  // (unused: kScaleInDot is false)
+    return mul_add(acc, dot4(izero(), w, x4), sc);
+  }
+  static I mul_add(I acc, const I& s, const I& sc) {
+    for (int l = 0; l < 16; ++l) acc.v[l] += s.v[l] * sc.v[l];
+    return acc;
+  }
+  static I sub(I a, const I& b) {
+    for (int l = 0; l < 16; ++l) a.v[l] -= b.v[l];
+    return a;
+  }
+  static I shl32(I a, int n) {
+    for (int32_t& v : a.v) v *= 1 << n;
+    return a;
+  }
 };
 
 }  // namespace PC_ISA_NAMESPACE

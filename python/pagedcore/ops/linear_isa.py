@@ -84,8 +84,7 @@ def _repack_report() -> str:
     on = [fmt for fmt in sorted(REPACKED) if repackable(fmt, 16)]
     off = [fmt for fmt in sorted(REPACKED) if fmt not in on]
     return ((f"{', '.join(on)} repacked into 16-row groups at load (x16 kernels)" if on else
-             "file layout (no 16-lane kernel for this ISA)") + (f"; {', '.join(off)} as in the file" if on and off else "")
-            + "; k-quants as in the file")
+             "file layout (no 16-lane kernel for this ISA)") + (f"; {', '.join(off)} as in the file" if on and off else ""))
 
 
 def dispatch_report() -> list[tuple[str, str]]:

@@ -24,18 +24,22 @@ __all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "X16_FORMATS", "Quant
 
 GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 INT8_FORMAT = "int8_per_channel"
-# GGUF blocks repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same bytes.
-X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16")
+# GGUF blocks repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same bytes,
+# but for the k-quants' 6-bit scales unpacked to bytes (q4_kx16, q5_kx16: 4 more bytes per 256 weights).
+X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16")
 QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS
 
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
 _BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
-           "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34)}
+           "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34),
+           "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210)}
 # Format name -> the kernel enum (cpp/kernels/linear.h WeightFormat).
 FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
           "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
           INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL, "q4_0x16": _core.WeightFormat.Q4_0X16,
-          "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16}
+          "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16,
+          "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
+          "q6_kx16": _core.WeightFormat.Q6_KX16}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
 
 

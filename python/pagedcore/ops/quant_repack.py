@@ -1,20 +1,30 @@
-"""GGUF 32-weight blocks (Q4_0, Q4_1, Q8_0) repacked once at load into the 16-row layout of the
-x16 kernels (cpp/kernels/quant_blocks.h BlockQ*x16, quant_x16_impl.h): the same bytes per weight,
-arranged so one vector of integer products holds 16 output columns.
+"""GGUF blocks repacked once at load into the 16-row layouts of the x16 kernels (cpp/kernels/
+quant_blocks.h BlockQ*x16, quant_x16_impl.h, quant_kx16_impl.h): arranged so one vector of integer
+products holds 16 output columns.
 
-    rows   = repack_x16(weight, "q4_1", K)         # uint8 [N, row_bytes] ggml rows -> the same shape
-    kernel = QuantLinearKernel(rows, "q4_1x16", K)
-    assert torch.equal(unpack_x16(rows, "q4_1x16", K), weight)
+    rows   = repack_x16(weight, "q4_k", K)         # uint8 [N, row_bytes("q4_k", K)] ggml rows
+    kernel = QuantLinearKernel(rows, "q4_kx16", K)  # rows: uint8 [N, row_bytes("q4_kx16", K)]
+    assert torch.equal(unpack_x16(rows, "q4_kx16", K), weight)
 
-Per group of 16 rows and block of 32 weights (ggml block: d, [m], qs):
-    d[16] (fp16) | m[16] (Q4_1) | qs chunks, chunk j = 4 bytes of each of the 16 rows
-    Q4_0 / Q4_1: chunk j (0..3) = ggml qs bytes 4 j .. 4 j + 3 (low nibbles weights 4 j + t, high 16 + 4 j + t)
-    Q8_0:        chunk j (0..7) = weights 4 j .. 4 j + 3, stored as q + 128 (unsigned for vpdpbusd)
+Each ggml block of a row becomes a *lane record* (the block's fields, reordered; the k-quants'
+12 packed bytes of 6-bit scales and minimums unpacked to one byte each: lossless), and the 16 lane
+records of a row group's block are interleaved field by field in chunks: chunk c of a field holds
+the c-th `unit` bytes of each of the 16 rows (row r's at unit * r).
+
+    format   lane record (bytes: field / unit)                                   ggml block
+    q4_0     d 2/2, qs 16/4                                                        18
+    q4_1     d 2/2, m 2/2, qs 16/4                                                 20
+    q8_0     d 2/2, qs 32/4 (stored q + 128: unsigned for vpdpbusd)                34
+    q4_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qs 128/4                   148       144
+    q5_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qh 32/4, qs 128/4          180       176
+    q6_k     d 2/2, sc 16/2, ql 128/4, qh 64/4                           210       210
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable
 
 import torch
 
@@ -22,16 +32,85 @@ from pagedcore import _core
 from pagedcore.ops.quant_linear import FORMAT_ENUMS, row_bytes
 
 ROWS = 16  # weight rows per group
-# ggml format -> (its repacked format, bytes of one block, bytes of the scale fields, chunks of 4 bytes)
-_LAYOUTS = {"q4_0": ("q4_0x16", 18, 2, 4), "q4_1": ("q4_1x16", 20, 4, 4), "q8_0": ("q8_0x16", 34, 2, 8)}
-REPACKED = {fmt: layout[0] for fmt, layout in _LAYOUTS.items()}  # ggml format -> repacked format
+
+
+def _same(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks
+
+
+def _q8_0_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
+    return torch.cat([blocks[..., :2], blocks[..., 2:] + 128], dim=-1)  # uint8 arithmetic wraps exactly
+
+
+def _q8_0_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lanes[..., :2], lanes[..., 2:] - 128], dim=-1)
+
+
+def _unpack_scales(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's 12 bytes of Q4_K / Q5_K scales [..., 12] -> (scales [..., 8], minimums [..., 8]), 0..63."""
+    sc = torch.cat([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], dim=-1)
+    mn = torch.cat([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], dim=-1)
+    return sc, mn
+
+
+def _pack_scales(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """The inverse of _unpack_scales: [..., 8] x 2 (6-bit values) -> [..., 12]."""
+    return torch.cat([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                      (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)], dim=-1)
+
+
+def _q45_k_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
+    """[d dmin scales(12) rest] -> [d dmin sc(8) mn(8) rest] (rest: Q4_K qs; Q5_K qh qs)."""
+    sc, mn = _unpack_scales(blocks[..., 4:16])
+    return torch.cat([blocks[..., :4], sc, mn, blocks[..., 16:]], dim=-1)
+
+
+def _q45_k_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lanes[..., :4], _pack_scales(lanes[..., 4:12], lanes[..., 12:20]), lanes[..., 20:]], dim=-1)
+
+
+def _q6_k_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
+    """[ql(128) qh(64) scales(16) d] -> [d scales ql qh]."""
+    return torch.cat([blocks[..., 208:210], blocks[..., 192:208], blocks[..., :192]], dim=-1)
+
+
+def _q6_k_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lanes[..., 18:210], lanes[..., 2:18], lanes[..., :2]], dim=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    repacked: str
+    block: int  # weights per block along K
+    ggml_bytes: int  # bytes of one ggml block
+    fields: tuple[tuple[int, int], ...]  # the lane record: (bytes per row, bytes per chunk) per field
+    to_lanes: Callable[[torch.Tensor], torch.Tensor]  # uint8 [..., ggml_bytes] -> [..., lane_bytes]
+    from_lanes: Callable[[torch.Tensor], torch.Tensor]  # the inverse
+
+    @property
+    def lane_bytes(self) -> int:
+        return sum(width for width, _ in self.fields)
+
+
+_LAYOUTS = {
+    "q4_0": _Layout("q4_0x16", 32, 18, ((2, 2), (16, 4)), _same, _same),
+    "q4_1": _Layout("q4_1x16", 32, 20, ((2, 2), (2, 2), (16, 4)), _same, _same),
+    "q8_0": _Layout("q8_0x16", 32, 34, ((2, 2), (32, 4)), _q8_0_to_lanes, _q8_0_from_lanes),
+    "q4_k": _Layout("q4_kx16", 256, 144, ((2, 2), (2, 2), (8, 2), (8, 2), (128, 4)), _q45_k_to_lanes,
+                    _q45_k_from_lanes),
+    "q5_k": _Layout("q5_kx16", 256, 176, ((2, 2), (2, 2), (8, 2), (8, 2), (32, 4), (128, 4)), _q45_k_to_lanes,
+                    _q45_k_from_lanes),
+    "q6_k": _Layout("q6_kx16", 256, 210, ((2, 2), (16, 2), (128, 4), (64, 4)), _q6_k_to_lanes, _q6_k_from_lanes),
+}
+REPACKED = {fmt: layout.repacked for fmt, layout in _LAYOUTS.items()}  # ggml format -> repacked format
 _GGML_OF = {repacked: fmt for fmt, repacked in REPACKED.items()}
 
 
 def repackable(fmt: str, num_rows: int, isa: str = "auto") -> str | None:
-    """The repacked format a `fmt` weight of num_rows rows should run as on this CPU, or None: only the
-    32-weight formats, row counts in whole groups of 16, and ISAs with a SIMD 16-lane kernel (AVX2 and
-    AVX-512; Q8_0 needs VNNI). Elsewhere the ggml-layout kernels run the file's rows as they are."""
+    """The repacked format a `fmt` weight of num_rows rows should run as on this CPU, or None: row
+    counts in whole groups of 16 (a part of another count keeps the file layout), and ISAs with a
+    SIMD 16-lane kernel (AVX2 and AVX-512; Q8_0 needs VNNI). Elsewhere the ggml-layout kernels run
+    the file's rows as they are."""
     repacked = REPACKED.get(fmt)
     if repacked is None or num_rows % ROWS or num_rows == 0:
         return None
@@ -41,73 +120,73 @@ def repackable(fmt: str, num_rows: int, isa: str = "auto") -> str | None:
     return repacked if kernel_isa in ("avx2", "avx512", "avx512_vnni") else None
 
 
-def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[int, int, int, int]:
+def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[_Layout, int, int]:
+    """(layout, N, blocks per row) of a `fmt` weight (ggml or repacked), checked."""
     ggml = _GGML_OF.get(fmt, fmt)
     if ggml not in _LAYOUTS:
         raise ValueError(f"{fmt!r} has no 16-row layout; repacked formats: {sorted(REPACKED)} -> "
                          f"{sorted(REPACKED.values())}")
-    _, block_bytes, scale_bytes, chunks = _LAYOUTS[ggml]
+    layout = _LAYOUTS[ggml]
     N = weight.shape[0] if weight.dim() == 2 else -1
-    if (weight.dtype != torch.uint8 or weight.dim() != 2 or N % ROWS
-            or weight.shape[1] != row_bytes(ggml, K)):
-        raise ValueError(f"a {fmt} weight of K = {K} is uint8 [N, {row_bytes(ggml, K)}] with N a multiple of "
+    nbytes = row_bytes(fmt, K)
+    if weight.dtype != torch.uint8 or weight.dim() != 2 or N % ROWS or weight.shape[1] != nbytes:
+        raise ValueError(f"a {fmt} weight of K = {K} is uint8 [N, {nbytes}] with N a multiple of "
                          f"{ROWS}; got {weight.dtype} {tuple(weight.shape)}")
-    return N, K // 32, block_bytes, scale_bytes
+    return layout, N, K // layout.block
 
 
 def repack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
-    """ggml rows uint8 [N, row_bytes] of `fmt` (q4_0, q4_1, q8_0) -> the same bytes in 16-row groups."""
-    N, nb, block_bytes, scale_bytes = _check(weight, fmt, K)
-    chunks = _LAYOUTS[fmt][3]
-    blocks = weight.reshape(N // ROWS, ROWS, nb, block_bytes).transpose(1, 2)  # [groups, nb, 16, block_bytes]
-    fields = [blocks[..., i:i + 2] for i in range(0, scale_bytes, 2)]  # d (and m): [groups, nb, 16, 2] each
-    qs = blocks[..., scale_bytes:]  # [groups, nb, 16, 16 or 32]
-    if fmt == "q8_0":
-        qs = qs + 128  # int8 q stored as q + 128 (uint8 arithmetic wraps exactly)
-    qs = qs.reshape(N // ROWS, nb, ROWS, chunks, 4).transpose(2, 3)  # [groups, nb, chunks, 16, 4]
-    flat = [f.reshape(N // ROWS, nb, -1) for f in fields] + [qs.reshape(N // ROWS, nb, -1)]
-    return torch.cat(flat, dim=-1).reshape(N, -1).contiguous()
+    """ggml rows uint8 [N, row_bytes(fmt, K)] of `fmt` (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) -> the
+    16-row groups uint8 [N, row_bytes(repacked, K)]."""
+    if fmt not in _LAYOUTS:
+        raise ValueError(f"{fmt!r} is not a ggml format with a 16-row layout ({sorted(_LAYOUTS)})")
+    layout, N, nb = _check(weight, fmt, K)
+    groups = N // ROWS
+    lanes = layout.to_lanes(weight.reshape(groups, ROWS, nb, layout.ggml_bytes).transpose(1, 2))  # [G, nb, 16, L]
+    chunks, start = [], 0
+    for width, unit in layout.fields:  # field [G, nb, 16, width] -> chunks [G, nb, width / unit, 16, unit]
+        field = lanes[..., start:start + width].reshape(groups, nb, ROWS, width // unit, unit)
+        chunks.append(field.transpose(2, 3).reshape(groups, nb, -1))
+        start += width
+    return torch.cat(chunks, dim=-1).reshape(N, -1).contiguous()
 
 
 def unpack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
-    """The inverse of repack_x16: repacked rows of `fmt` (q4_0x16, q4_1x16, q8_0x16) -> ggml rows."""
-    ggml = _GGML_OF.get(fmt)
-    if ggml is None:
+    """The inverse of repack_x16: repacked rows of `fmt` (q4_0x16, ..., q6_kx16) -> ggml rows."""
+    if fmt not in _GGML_OF:
         raise ValueError(f"{fmt!r} is not a repacked format ({sorted(_GGML_OF)})")
-    N, nb, block_bytes, scale_bytes = _check(weight, fmt, K)
-    chunks = _LAYOUTS[ggml][3]
-    blocks = weight.reshape(N // ROWS, nb, ROWS * block_bytes)
-    fields = [blocks[..., i * ROWS:(i + 2) * ROWS].reshape(N // ROWS, nb, ROWS, 2)
-              for i in range(0, scale_bytes, 2)]
-    qs = blocks[..., scale_bytes * ROWS:].reshape(N // ROWS, nb, chunks, ROWS, 4).transpose(2, 3)
-    qs = qs.reshape(N // ROWS, nb, ROWS, chunks * 4)
-    if ggml == "q8_0":
-        qs = qs - 128
-    rows = torch.cat([*fields, qs], dim=-1)  # [groups, nb, 16, block_bytes]
+    layout, N, nb = _check(weight, fmt, K)
+    groups = N // ROWS
+    blocks = weight.reshape(groups, nb, ROWS * layout.lane_bytes)
+    fields, start = [], 0
+    for width, unit in layout.fields:  # chunks [G, nb, width / unit, 16, unit] -> field [G, nb, 16, width]
+        chunk = blocks[..., ROWS * start:ROWS * (start + width)].reshape(groups, nb, width // unit, ROWS, unit)
+        fields.append(chunk.transpose(2, 3).reshape(groups, nb, ROWS, width))
+        start += width
+    rows = layout.from_lanes(torch.cat(fields, dim=-1))  # [G, nb, 16, ggml_bytes]
     return rows.transpose(1, 2).reshape(N, -1).contiguous()
 
 
 @functools.lru_cache(maxsize=None)
 def _lane_offsets(fmt: str) -> torch.Tensor:
-    """int64 [16, block_bytes]: where each byte of lane (row) l's ggml block sits inside a repacked
+    """int64 [16, lane_bytes]: where each byte of lane (row) l's lane record sits inside a repacked
     16-row block of `fmt` (the inverse map of repack_x16 for one block)."""
-    ggml = _GGML_OF[fmt]
-    _, block_bytes, scale_bytes, chunks = _LAYOUTS[ggml]
+    layout = _LAYOUTS[_GGML_OF[fmt]]
     lanes = torch.arange(ROWS)[:, None]  # [16, 1]
-    fields = [i * ROWS + 2 * lanes + torch.arange(2) for i in range(0, scale_bytes, 2)]  # d (and m) bytes
-    k = torch.arange(chunks * 4)  # the quant bytes of a ggml block, in order
-    qs = scale_bytes * ROWS + (k // 4) * (ROWS * 4) + lanes * 4 + k % 4  # [16, chunks * 4]
-    return torch.cat([*fields, qs], dim=1)
+    parts, start = [], 0
+    for width, unit in layout.fields:
+        k = torch.arange(width)  # the field's bytes in the lane record
+        parts.append(ROWS * start + (k // unit) * (ROWS * unit) + lanes * unit + k % unit)  # [16, width]
+        start += width
+    return torch.cat(parts, dim=1)
 
 
 def gather_rows_x16(weight: torch.Tensor, rows: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
-    """The ggml rows uint8 [n, row_bytes] of weight rows `rows` (int64 [n]) of a repacked tensor: what
-    an embedding lookup decodes. Reads only those rows' bytes."""
-    N, nb, block_bytes, _ = _check(weight, fmt, K)
-    group_bytes = ROWS * block_bytes  # one repacked block (16 rows x 32 weights)
+    """The ggml rows uint8 [n, row_bytes(ggml format, K)] of weight rows `rows` (int64 [n]) of a
+    repacked tensor: what an embedding lookup decodes. Reads only those rows' bytes."""
+    layout, N, nb = _check(weight, fmt, K)
+    group_bytes = ROWS * layout.lane_bytes  # one repacked block (16 rows x one block of weights)
     block_start = ((rows // ROWS) * nb)[:, None] + torch.arange(nb)  # [n, nb]: repacked block index
-    offsets = block_start[..., None] * group_bytes + _lane_offsets(fmt)[rows % ROWS][:, None, :]  # [n, nb, bb]
-    out = weight.view(-1)[offsets]  # uint8 [n, nb, block_bytes]
-    if fmt == "q8_0x16":
-        out[..., 2:] -= 128  # stored q + 128 (uint8 arithmetic wraps exactly)
-    return out.reshape(rows.shape[0], -1)
+    offsets = block_start[..., None] * group_bytes + _lane_offsets(fmt)[rows % ROWS][:, None, :]  # [n, nb, L]
+    lanes = weight.view(-1)[offsets]  # uint8 [n, nb, lane_bytes]
+    return layout.from_lanes(lanes).reshape(rows.shape[0], -1)
