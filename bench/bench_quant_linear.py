@@ -6,6 +6,7 @@ fp32 GEMM (F.linear) on the dequantised weight.
     .venv/bin/python bench/bench_quant_linear.py                        # every format x ISA (~3 min)
     .venv/bin/python bench/bench_quant_linear.py --formats q4_1 q8_0 --isas avx512_vnni avx2
     .venv/bin/python bench/bench_quant_linear.py --rows 512 --shapes gate_up   # the prefill case
+    .venv/bin/python bench/bench_quant_linear.py --formats q4_k q4_kx16 --shapes down 1b_down --rows 1
 
 Each M = 1 case cycles through enough copies of the weight (>= --mbytes) that every call reads it
 from memory, as a decode step does; best of --repeats sweeps (other jobs only slow a sweep down).
@@ -27,7 +28,9 @@ import torch.nn.functional as F
 
 # name: (N, K). gate_up is the fused gate/up projection (2 x 1536 rows).
 SHAPES = {"qkv": (576, 576), "kv": (192, 576), "gate_up": (3072, 576), "down": (576, 1536),
-          "lm_head": (49152, 576)}
+          "lm_head": (49152, 576),
+          # K a multiple of 256 (the k-quants' super-block): SmolLM2-1.7B / Llama-3.2-1B shapes.
+          "1b_qkv": (3072, 2048), "1b_gate_up": (16384, 2048), "1b_down": (2048, 8192)}
 _BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 _F16_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
 
@@ -54,7 +57,13 @@ def loadavg() -> str:
 
 
 def random_weight(fmt: str, N: int, K: int, rng: np.random.Generator):
+    """(weight of `fmt`, int8 scales or None); a repacked format (q4_kx16, ...) is the ggml weight repacked."""
     from pagedcore.ops.quant_linear import INT8_FORMAT, row_bytes
+    if fmt.endswith("x16"):
+        from pagedcore.ops.quant_repack import repack_x16
+
+        ggml = fmt.removesuffix("x16")
+        return repack_x16(random_weight(ggml, N, K, rng)[0], ggml, K), None
     if fmt == INT8_FORMAT:
         return torch.from_numpy(rng.integers(-127, 128, size=(N, K), dtype=np.int8)), torch.full((N,), 0.01)
     raw = rng.integers(0, 256, size=(N, row_bytes(fmt, K)), dtype=np.uint8)
@@ -81,10 +90,11 @@ def best_sweep(fn, items, repeats: int) -> float:
 def main(argv=None) -> int:
     from pagedcore import _core
     from pagedcore.ops.linear_isa import ISA_CODES
-    from pagedcore.ops.quant_linear import GGUF_FORMATS, INT8_FORMAT, QuantLinearKernel
+    from pagedcore.ops.quant_linear import GGUF_FORMATS, INT8_FORMAT, QUANT_FORMATS, QuantLinearKernel
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--formats", nargs="+", default=list(GGUF_FORMATS) + [INT8_FORMAT])
+    ap.add_argument("--formats", nargs="+", default=list(GGUF_FORMATS) + [INT8_FORMAT], choices=QUANT_FORMATS,
+                    help="any kernel format, the repacked x16 ones too (q4_1x16, q4_kx16, ...)")
     ap.add_argument("--isas", nargs="+", default=["generic", "avx2", "avx512", "avx512_vnni"])
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 128, 512])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
@@ -122,9 +132,9 @@ def main(argv=None) -> int:
     for fmt in args.formats:
         for shape in args.shapes:
             N, K = SHAPES[shape]
-            if shape == "lm_head" and fmt != "q8_0":
+            if shape == "lm_head" and fmt.removesuffix("x16") != "q8_0":
                 continue  # the lm head ships as Q8_0 (tied embeddings)
-            if fmt.endswith("_k") and K % 256:
+            if fmt.removesuffix("x16").endswith("_k") and K % 256:
                 continue  # K = 576 is not a multiple of the k-quants' 256-weight super-block
             weight, scales = random_weight(fmt, N, K, rng)
             wbytes = weight.numel()

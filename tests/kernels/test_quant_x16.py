@@ -1,9 +1,10 @@
-"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16: ops/quant_repack.py, cpp/kernels/
-quant_x16_impl.h) on every ISA path that has them: repacking is lossless (unpack gives the file's
-bytes back), and the kernel equals the exact-arithmetic reference of test_quant_linear.py (the same
-activation quantization, W dequantised by the gguf package, float64 product) and the ggml-layout
-kernel on the same weights. Q8_0x16 without VNNI (AVX2, AVX-512BW: vpmaddubsw would saturate)
-is refused by name; a path this CPU cannot run is SKIPPED with the missing flag."""
+"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16: ops/
+quant_repack.py, cpp/kernels/quant_x16_impl.h, quant_kx16_impl.h) on every ISA path that has them:
+repacking is lossless (unpack gives the file's bytes back), and the kernel equals the exact-
+arithmetic reference of test_quant_linear.py (the same activation quantization: Q8_0 / Q8_1 blocks of
+32, Q8_K blocks of 256 for the k-quants; W dequantised by the gguf package, float64 product) and the
+ggml-layout kernel on the same weights. Q8_0x16 without VNNI (AVX2, AVX-512BW: vpmaddubsw would
+saturate) is refused by name; a path this CPU cannot run is SKIPPED with the missing flag."""
 
 from __future__ import annotations
 
@@ -15,15 +16,24 @@ import torch
 
 from pagedcore import _core
 from pagedcore.ops.linear_isa import isa_code
-from pagedcore.ops.quant_linear import FORMAT_ENUMS, QuantLinearKernel
+from pagedcore.ops.quant_linear import FORMAT_ENUMS, QuantLinearKernel, row_bytes
 from pagedcore.ops.quant_repack import REPACKED, gather_rows_x16, repack_x16, repackable, unpack_x16
 
 from .test_quant_linear import _ISA_FLAGS, make_x, quantize_x, random_weight
 
+_ALL_ISAS = ("generic", "generic16", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
 # ISA paths with a 16-lane kernel, per repacked format.
-_X16_ISAS = {"q4_0x16": ("generic", "generic16", "avx2", "avx512", "avx512_vnni", "avx512_bf16"),
-             "q4_1x16": ("generic", "generic16", "avx2", "avx512", "avx512_vnni", "avx512_bf16"),
-             "q8_0x16": ("generic", "generic16", "avx512_vnni", "avx512_bf16")}
+_X16_ISAS = {"q4_0x16": _ALL_ISAS, "q4_1x16": _ALL_ISAS, "q8_0x16": ("generic", "generic16", "avx512_vnni", "avx512_bf16"),
+             "q4_kx16": _ALL_ISAS, "q5_kx16": _ALL_ISAS, "q6_kx16": _ALL_ISAS}
+
+
+def _is_k(fmt: str) -> bool:
+    return fmt.removesuffix("x16").endswith("_k")
+
+
+def _K(fmt: str, blocks: int) -> int:
+    """K of `blocks` blocks of 32 (an odd count: a group of 8 and a tail), or 2 super-blocks of 256."""
+    return 512 if _is_k(fmt) else 32 * blocks
 
 
 def _params():
@@ -39,21 +49,32 @@ def _params():
 @pytest.mark.parametrize("ggml", sorted(REPACKED))
 def test_repacking_is_lossless(ggml):
     rng = np.random.default_rng(3)
-    weight, _, _ = random_weight(ggml, 48, 352, rng)
-    packed = repack_x16(weight, ggml, 352)
-    assert packed.shape == weight.shape and packed.dtype == torch.uint8 and not torch.equal(packed, weight)
-    assert torch.equal(unpack_x16(packed, REPACKED[ggml], 352), weight)
+    K = _K(ggml, 11)
+    weight, _, _ = random_weight(ggml, 48, K, rng)  # random bytes: every scale, minimum and quant pattern
+    packed = repack_x16(weight, ggml, K)
+    assert packed.shape == (48, row_bytes(REPACKED[ggml], K)) and packed.dtype == torch.uint8
+    assert not torch.equal(packed[:, :weight.shape[1]], weight)
+    assert torch.equal(unpack_x16(packed, REPACKED[ggml], K), weight)
     with pytest.raises(ValueError, match="N a multiple of 16"):
-        repack_x16(weight[:40], ggml, 352)
+        repack_x16(weight[:40], ggml, K)
+
+
+def test_bytes_per_weight_of_the_repacked_formats():
+    """The 32-weight formats keep their bytes; the k-quants' 12 packed bytes of 6-bit scales and
+    minimums become 16 (one byte each): 148 / 180 bytes per 256 weights against 144 / 176; Q6_K's
+    int8 scales are bytes already (210)."""
+    per_256 = {fmt: row_bytes(REPACKED[fmt], 256) - row_bytes(fmt, 256) for fmt in REPACKED}
+    assert per_256 == {"q4_0": 0, "q4_1": 0, "q8_0": 0, "q4_k": 4, "q5_k": 4, "q6_k": 0}
+    assert row_bytes("q4_kx16", 256) / 256 == 0.578125 and row_bytes("q5_kx16", 256) / 256 == 0.703125
 
 
 @pytest.mark.parametrize("fmt, isa", _params())
-@pytest.mark.parametrize("case", ["decode", "rows_9", "silu_mul_bias", "prefill"])
+@pytest.mark.parametrize("case", ["decode", "silu_mul_bias", "rows_9", "rows_17", "rows_64", "prefill"])
 def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
     ggml = fmt[:-3]
     rng = np.random.default_rng(zlib.crc32(f"{fmt}/{case}".encode()))
-    N, K = 64, 352  # 4 row groups (2 per half for SwiGLU); 11 blocks
-    M = {"decode": 1, "rows_9": 9, "silu_mul_bias": 3, "prefill": 70}[case]
+    N, K = 64, _K(fmt, 11)  # 4 row groups (2 per half for SwiGLU); 11 blocks of 32 or 2 super-blocks
+    M = {"decode": 1, "silu_mul_bias": 3, "rows_9": 9, "rows_17": 17, "rows_64": 64, "prefill": 70}[case]
     weight, _, w = random_weight(ggml, N, K, rng)
     packed = repack_x16(weight, ggml, K)
     silu = case == "silu_mul_bias"
@@ -62,7 +83,7 @@ def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
     y = QuantLinearKernel(packed, fmt, K, bias, silu_mul=silu, isa=isa)(x).double().numpy()
     ggml_y = QuantLinearKernel(weight, ggml, K, bias, silu_mul=silu, isa=isa if isa != "avx512_vnni" else "auto")(x)
 
-    q, d = quantize_x(x, 32)
+    q, d = quantize_x(x, 256 if _is_k(fmt) else 32)
     x_hat = q * d
     ref, scale = x_hat @ w.T, np.abs(x_hat) @ np.abs(w).T
     if silu:
@@ -88,19 +109,32 @@ def test_an_isa_without_the_kernel_refuses_by_name(fmt, isa):
     assert _core.quant_kernel_isa_for(FORMAT_ENUMS[fmt], isa_code("generic")) == "generic"
 
 
-def test_rows_not_in_groups_of_16_are_refused():
-    weight, _, _ = random_weight("q4_1", 48, 64, np.random.default_rng(2))
+@pytest.mark.parametrize("ggml", ["q4_1", "q4_k"])
+def test_rows_not_in_groups_of_16_are_refused(ggml):
+    K = _K(ggml, 2)
+    weight, _, _ = random_weight(ggml, 48, K, np.random.default_rng(2))
     # 48 rows repack, but SwiGLU's halves of 24 rows are not whole groups.
-    kernel = QuantLinearKernel(repack_x16(weight, "q4_1", 64), "q4_1x16", 64, silu_mul=True, isa="generic")
+    kernel = QuantLinearKernel(repack_x16(weight, ggml, K), REPACKED[ggml], K, silu_mul=True, isa="generic")
     with pytest.raises(ValueError, match=r"groups of 16 rows; N = 48 \(24 outputs per half\)"):
-        kernel(torch.ones(1, 64))
-    assert repackable("q4_1", 40) is None and repackable("q4_k", 64) is None and repackable("q4_1", 0) is None
+        kernel(torch.ones(1, K))
+    assert repackable("q4_1", 40) is None and repackable("q6_k", 40) is None and repackable("q4_1", 0) is None
+    assert repackable("q8_k", 64) is None and repackable("int8_per_channel", 64) is None
+
+
+@pytest.mark.parametrize("ggml", sorted(REPACKED))
+def test_repacked_where_a_simd_kernel_runs(ggml):
+    """Whole 16-row groups repack where the CPU's quantized ISA has a SIMD 16-lane kernel (the
+    portable one is for tests: a CPU without AVX2 keeps the file layout)."""
+    isa = _core.quant_kernel_isa_for(FORMAT_ENUMS[REPACKED[ggml]])
+    assert repackable(ggml, 64) == (REPACKED[ggml] if isa in ("avx2", "avx512", "avx512_vnni") else None)
+    assert repackable(ggml, 64, isa="generic") is None
 
 
 @pytest.mark.parametrize("ggml", sorted(REPACKED))
 def test_gathered_rows_are_the_file_rows(ggml):
     """An embedding lookup in a repacked table reads back exactly the file's row bytes."""
-    weight, _, _ = random_weight(ggml, 64, 96, np.random.default_rng(4))
-    packed = repack_x16(weight, ggml, 96)
+    K = _K(ggml, 3)
+    weight, _, _ = random_weight(ggml, 64, K, np.random.default_rng(4))
+    packed = repack_x16(weight, ggml, K)
     rows = torch.tensor([0, 17, 63, 17, 5, 32], dtype=torch.int64)
-    assert torch.equal(gather_rows_x16(packed, rows, REPACKED[ggml], 96), weight[rows])
+    assert torch.equal(gather_rows_x16(packed, rows, REPACKED[ggml], K), weight[rows])

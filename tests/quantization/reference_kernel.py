@@ -17,7 +17,7 @@ from .blocks import FORMATS
 def activation_block(weight_format: str, K: int) -> int:
     if weight_format == "int8_per_channel":
         return K
-    return 256 if weight_format.endswith("_k") else 32
+    return 256 if weight_format.removesuffix("x16").endswith("_k") else 32  # q4_kx16: Q8_K as q4_k
 
 
 def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -72,14 +72,18 @@ def test_k_quants_and_mixed_layers_equal_the_oracle(tmp_path, monkeypatch):
     path = quant_models.write_kquant_gguf(tmp_path / "k.gguf")
     model = load_model(path, load_tokenizer=False).model
     layers = model.model.layers
-    formats = {name: linear.method.formats(linear) for name, linear in [
-        ("qkv0", layers[0].self_attn.qkv_proj), ("o0", layers[0].self_attn.o_proj),
-        ("gate_up0", layers[0].mlp.gate_up_proj), ("down0", layers[0].mlp.down_proj),
-        ("qkv1", layers[1].self_attn.qkv_proj), ("gate_up1", layers[1].mlp.gate_up_proj),
-        ("head", model.lm_head)]}
-    assert formats == {"qkv0": ["q4_k", "q6_k"], "o0": ["float32"], "gate_up0": ["q4_k"], "down0": ["q6_k"],
-                       "qkv1": ["q5_k"], "gate_up1": ["q5_k", "q4_k"], "head": ["q6_k"]}
-    assert model.model.embed_tokens.block_format == "q4_k"
+    linears = {"qkv0": layers[0].self_attn.qkv_proj, "o0": layers[0].self_attn.o_proj,
+               "gate_up0": layers[0].mlp.gate_up_proj, "down0": layers[0].mlp.down_proj,
+               "qkv1": layers[1].self_attn.qkv_proj, "gate_up1": layers[1].mlp.gate_up_proj, "head": model.lm_head}
+    file_formats = {name: [p.format.removesuffix("x16") for p in linear.quant_parts] for name, linear in linears.items()}
+    assert file_formats == {"qkv0": ["q4_k", "q6_k"], "o0": ["float32"], "gate_up0": ["q4_k"], "down0": ["q6_k"],
+                            "qkv1": ["q5_k"], "gate_up1": ["q5_k", "q4_k"], "head": ["q6_k"]}
+    # Parts of whole 16-row groups run repacked (q4_kx16, ...) where the CPU has the x16 kernels.
+    for name, linear in linears.items():
+        assert linear.method.formats(linear) == [repackable(fmt, p.num_rows) or fmt
+                                                 for fmt, p in zip(file_formats[name], linear.quant_parts)], name
+    embed = model.model.embed_tokens
+    assert embed.block_format == (repackable("q4_k", embed.vocab_size) or "q4_k")
     assert isinstance(layers[0].self_attn.qkv_proj.method, QuantLinearMethod)
     assert_same_as_oracle(path, monkeypatch, {"q4_k", "q5_k", "q6_k"})
 

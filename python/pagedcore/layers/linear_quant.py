@@ -118,10 +118,12 @@ class QuantLinearMethod(LinearMethod):
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """Repacks each Q4_0 / Q4_1 / Q8_0 part of whole 16-row groups into the x16 layout where this
-        CPU has its kernel (ops/quant_repack.py: AVX-512; 6x the ggml layout's rate at 128 rows and
-        1.6x at one row on Zen 5), once: the same bytes, no second copy. PAGEDCORE_QUANT_REPACK=0
-        keeps the file's layout (for A/B measurements)."""
+        """Repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
+        the x16 layout where this CPU has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x
+        the ggml layout's rate at 128 rows and 1.6x at one row on Zen 5, the k-quants 5x at one
+        row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
+        +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
+        keeps the file's layout everywhere (for A/B measurements)."""
         if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
             return
         from pagedcore.ops.quant_repack import repack_x16, repackable
@@ -140,7 +142,7 @@ class QuantLinearMethod(LinearMethod):
         """Resident bytes of the layer's weights by format (bias included, as float32)."""
         counts: dict[str, int] = {}
         for part in layer.quant_parts:
-            fmt = part.format.removesuffix("x16")  # a repacked part holds its file format's bytes
+            fmt = part.format.removesuffix("x16")  # counted by file format (q4_kx16: its resident bytes)
             counts[fmt] = counts.get(fmt, 0) + part.nbytes
         if layer.bias is not None:
             counts["float32"] = counts.get("float32", 0) + layer.bias.nbytes
