@@ -19,11 +19,13 @@ void bind_decoder_stack(py::module_& m) {
                        int64_t num_kv_heads, int64_t head_dim, int64_t intermediate_size, double rms_norm_eps,
                        double attn_scale, int32_t dtype, int32_t isa,
                        const std::optional<std::vector<std::vector<std::optional<kernels::WeightFormat>>>>& formats,
-                       const std::optional<std::vector<std::vector<uintptr_t>>>& scales) {
+                       const std::optional<std::vector<std::vector<uintptr_t>>>& scales,
+                       const std::optional<std::vector<std::vector<std::optional<std::vector<int64_t>>>>>& lora) {
              kernels::DecoderStack s;
              const size_t num_layers = layer_ptrs.size();
-             if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers))
-               throw py::value_error("linear_formats and linear_scales need one entry per layer");
+             if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers) ||
+                 (lora && lora->size() != num_layers))
+               throw py::value_error("linear_formats, linear_scales and lora_stacks need one entry per layer");
              for (size_t l = 0; l < num_layers; ++l) {
                const auto& v = layer_ptrs[l];
                if (v.size() != 9)
@@ -52,6 +54,27 @@ void bind_decoder_stack(py::module_& m) {
                      throw py::value_error("each layer's linear_scales has 4 entries: qkv, o_proj, gate_up, down");
                    w.scales[i] = ptr<const float>((*scales)[l][i]);
                  }
+                 // Its LoRA slot stacks (None: no adapter hook): a_t, b_t, ranks, slice_starts pointers,
+                 // then num_slots, num_slices, max_rank.
+                 if (lora) {
+                   if ((*lora)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's lora_stacks has 4 entries: qkv, o_proj, gate_up, down");
+                   const auto& entry = (*lora)[l][i];
+                   if (entry) {
+                     const std::vector<int64_t>& v = *entry;
+                     if (v.size() != 7)
+                       throw py::value_error("a lora_stacks entry is (a_t, b_t, ranks, slice_starts, num_slots, "
+                                             "num_slices, max_rank)");
+                     kernels::LoRAStacks& st = w.lora[i];
+                     st.a_t = ptr<const float>(static_cast<uintptr_t>(v[0]));
+                     st.b_t = ptr<const float>(static_cast<uintptr_t>(v[1]));
+                     st.ranks = ptr<const int32_t>(static_cast<uintptr_t>(v[2]));
+                     st.slice_starts = ptr<const int32_t>(static_cast<uintptr_t>(v[3]));
+                     st.num_slots = v[4];
+                     st.num_slices = v[5];
+                     st.max_rank = v[6];
+                   }
+                 }
                }
                s.layers.push_back(w);
              }
@@ -69,13 +92,15 @@ void bind_decoder_stack(py::module_& m) {
            py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
            py::arg("dtype"), py::arg("isa") = -1, py::arg("linear_formats") = py::none(),
-           py::arg("linear_scales") = py::none())
+           py::arg("linear_scales") = py::none(), py::arg("lora_stacks") = py::none())
       .def(
           "run",
           [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,
              uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks, int64_t block_size, uintptr_t slot_mapping,
              uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs,
-             int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens) {
+             int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens,
+             uintptr_t lora_token_indices, uintptr_t lora_segment_slots, uintptr_t lora_segment_starts,
+             int64_t lora_num_segments) {
             kernels::DecoderStackParams step;
             step.hidden = ptr<void>(hidden);
             step.residual = ptr<void>(residual);
@@ -94,6 +119,10 @@ void bind_decoder_stack(py::module_& m) {
             step.max_query_len = max_query_len;
             step.max_seq_len = max_seq_len;
             step.num_actual_tokens = num_actual_tokens;
+            step.lora.token_indices = ptr<const int32_t>(lora_token_indices);
+            step.lora.segment_slots = ptr<const int32_t>(lora_segment_slots);
+            step.lora.segment_starts = ptr<const int32_t>(lora_segment_starts);
+            step.lora.num_segments = lora_num_segments;
             kernels::Status status;
             {
               py::gil_scoped_release release;
@@ -105,7 +134,11 @@ void bind_decoder_stack(py::module_& m) {
           py::arg("cache_dtype"), py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"),
           py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("num_seqs"),
           py::arg("max_blocks_per_seq"), py::arg("max_query_len"), py::arg("max_seq_len"),
-          py::arg("num_actual_tokens"), "One step through every layer (raw pointers; checked by the caller).")
+          py::arg("num_actual_tokens"), py::arg("lora_token_indices") = 0, py::arg("lora_segment_slots") = 0,
+          py::arg("lora_segment_starts") = 0, py::arg("lora_num_segments") = 0,
+          "One step through every layer (raw pointers; checked by the caller). lora_*: the step's adapter rows "
+          "grouped by slot (lora_kernel.h; 0 segments: none).")
+      .def_readonly("lora_steps", &kernels::DecoderStack::lora_steps, "Steps run with adapter rows.")
       .def_readwrite("profiling", &kernels::DecoderStack::profiling, "Accumulate seconds per op (see profile()).")
       .def(
           "profile",

@@ -1,9 +1,12 @@
-// pagedcore._core's multi-LoRA entry (cpp/kernels/lora_kernel.h): a raw-pointer entry of
-// pagedcore.lora.kernel.lora_shrink_expand, which checks the tensors (see bind_common.h).
+// pagedcore._core's multi-LoRA entries: the kernel (cpp/kernels/lora_kernel.h), a raw-pointer entry of
+// pagedcore.lora.kernel.lora_shrink_expand, which checks the tensors (see bind_common.h); and the
+// stand-alone SwiGLU a LoRA step runs after gate_up's adapter terms (cpp/kernels/silu_mul.h), a
+// raw-pointer entry of pagedcore.layers.activation.silu_mul.
 #include <pybind11/pybind11.h>
 
 #include "bindings/bind_common.h"
 #include "kernels/lora_kernel.h"
+#include "kernels/silu_mul.h"
 
 namespace pagedcore {
 namespace bindings {
@@ -49,6 +52,29 @@ void bind_lora(py::module_& m) {
       py::arg("num_slots"), py::arg("num_slices"), py::arg("max_rank"), py::arg("num_segments"), py::arg("dtype"),
       py::arg("isa") = -1,
       "Raw-pointer entry of pagedcore.lora.kernel.lora_shrink_expand (call that instead).");
+  m.def(
+      "silu_mul_cpu",
+      [](uintptr_t gate_up, uintptr_t out, int64_t rows, int64_t cols, int64_t in_stride, int64_t out_stride,
+         int32_t dtype, int32_t isa) {
+        kernels::SiluMulParams p;
+        p.gate_up = ptr<const void>(gate_up);
+        p.out = ptr<void>(out);
+        p.rows = rows;
+        p.cols = cols;
+        p.in_stride = in_stride;
+        p.out_stride = out_stride;
+        p.dtype = to_dtype(dtype);
+        const kernels::Isa chosen = isa_or_active(isa);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::silu_mul(p, chosen);
+        }
+        raise_if_error(status);
+      },
+      py::arg("gate_up"), py::arg("out"), py::arg("rows"), py::arg("cols"), py::arg("in_stride"),
+      py::arg("out_stride"), py::arg("dtype"), py::arg("isa") = -1,
+      "Raw-pointer entry of pagedcore.layers.activation.silu_mul (call that instead).");
 }
 
 }  // namespace bindings

@@ -11,6 +11,7 @@
 #include "kernels/norm.h"
 #include "kernels/paged_attention.h"
 #include "kernels/quant_linear.h"
+#include "kernels/silu_mul.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -20,7 +21,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 // Activation buffers of a step, per calling thread, reused across calls.
 struct StackWorkspace {
-  std::vector<char> h, qkv, attn, tmp, act;
+  std::vector<char> h, qkv, attn, tmp, act, gate_up;
   static void* get(std::vector<char>& v, int64_t bytes) {
     if (v.size() < static_cast<size_t>(bytes)) v.resize(bytes);
     return v.data();
@@ -109,7 +110,9 @@ Status DecoderStack::run(const DecoderStackParams& step) {
   p.attn_scale = sizes.attn_scale;
   p.dtype = sizes.dtype;
   p.op_seconds = profiling ? op_seconds.data() : nullptr;
-  return decoder_stack(p, isa ? *isa : active_isa());
+  const Status st = decoder_stack(p, isa ? *isa : active_isa());
+  if (st.is_ok() && p.num_tokens > 0 && p.lora.num_segments > 0) ++lora_steps;
+  return st;
 }
 
 Status decoder_stack(const DecoderStackParams& p, Isa isa) {
@@ -127,6 +130,9 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
   void* attn = StackWorkspace::get(ws.attn, T * q_size * es);  // [T, H D]
   void* tmp = StackWorkspace::get(ws.tmp, T * E * es);       // [T, E] attention block output
   void* act = StackWorkspace::get(ws.act, T * I * es);       // [T, I] SwiGLU output
+  const bool lora_step = p.lora.num_segments > 0;
+  // [T, 2 I] gate | up before the SwiGLU: only a LoRA step, whose adapter terms go in between
+  void* gate_up = lora_step ? StackWorkspace::get(ws.gate_up, T * 2 * I * es) : nullptr;
 
   // Linear calls differ in weights, sizes and epilogue only.
   auto linear_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* weight, const void* bias,
@@ -146,6 +152,13 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     lp.weight_format = w.format[which].value_or(dense_weight_format(t));
     lp.epilogue = epilogue;
     return linear(lp, isa);
+  };
+  // A LoRA step's adapter terms of one linear (x [T, K] -> y [T, N], rows contiguous); else nothing.
+  auto lora_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* x, int64_t K, void* y,
+                       int64_t N) {
+    const LoRAStacks& stacks = w.lora[which];
+    if (!lora_step || !stacks.a_t) return Status::ok();
+    return lora_apply(stacks, p.lora, x, K, y, N, T, K, N, t, isa);
   };
   auto norm_call = [&](const void* weight, const void* x, void* residual, void* out, int64_t rows, int64_t n,
                        int64_t stride) {
@@ -178,6 +191,7 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     clock.mark(kStackNorms);
     // q | k | v
     if (!(st = linear_call(w, kStackQkvProj, w.qkv, w.qkv_bias, qkv_size, E, h, qkv, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = lora_call(w, kStackQkvProj, h, E, qkv, qkv_size)).is_ok()) return st;
     clock.mark(kStackQkv);
     if (w.q_norm) {  // Qwen3: each head normalised over D, in place
       for (int64_t tok = 0; tok < T; ++tok) {
@@ -249,13 +263,29 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     clock.mark(kStackAttention);
     // o_proj, then post_attention_layernorm with the residual add
     if (!(st = linear_call(w, kStackOProjLinear, w.o_proj, nullptr, E, q_size, attn, tmp, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = lora_call(w, kStackOProjLinear, attn, q_size, tmp, E)).is_ok()) return st;
     clock.mark(kStackOProj);
     if (!(st = norm_call(w.post_norm, tmp, p.residual, h, T, E, E)).is_ok()) return st;
     clock.mark(kStackNorms);
     // MLP
-    if (!(st = linear_call(w, kStackGateUpProj, w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
+    if (lora_step && w.lora[kStackGateUpProj].a_t) {  // gate | up, their adapter terms, then the SwiGLU
+      if (!(st = linear_call(w, kStackGateUpProj, w.gate_up, nullptr, 2 * I, E, h, gate_up, LinearEpilogue::kNone)).is_ok()) return st;
+      if (!(st = lora_call(w, kStackGateUpProj, h, E, gate_up, 2 * I)).is_ok()) return st;
+      SiluMulParams sp;
+      sp.gate_up = gate_up;
+      sp.out = act;
+      sp.rows = T;
+      sp.cols = I;
+      sp.in_stride = 2 * I;
+      sp.out_stride = I;
+      sp.dtype = t;
+      if (!(st = silu_mul(sp, isa)).is_ok()) return st;
+    } else {
+      if (!(st = linear_call(w, kStackGateUpProj, w.gate_up, nullptr, 2 * I, E, h, act, LinearEpilogue::kSiluMul)).is_ok()) return st;
+    }
     clock.mark(kStackGateUp);
     if (!(st = linear_call(w, kStackDownProj, w.down, nullptr, E, I, act, p.hidden, LinearEpilogue::kNone)).is_ok()) return st;
+    if (!(st = lora_call(w, kStackDownProj, act, I, p.hidden, E)).is_ok()) return st;
     clock.mark(kStackDown);
   }
   return Status::ok();

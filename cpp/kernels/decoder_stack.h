@@ -16,6 +16,12 @@
 //   residual = residual + attn . Wo^T;                h = rms_norm(residual)    (post_attention_layernorm)
 //   act  [T, I] = silu(h . Wgate^T) * (h . Wup^T)      (gate_up, SwiGLU in the kernel's epilogue)
 //   hidden [T, E] = act . Wdown^T                       (added into residual by the next layer)
+//
+// Multi-LoRA (a step with adapter rows: step.lora.num_segments > 0): after each of the four linears
+// the listed rows get their adapter's terms, y[t] += B_a A_a x[t] (lora_kernel.h, the call the
+// Python layers' LoRA hooks make), before anything reads y. gate_up then runs without its fused
+// epilogue: gu [T, 2 I] = h . Wgate_up^T, gu += LoRA, act = silu_mul(gu) (silu_mul.h, the same
+// epilogue code on the stored values; the layer loop's LoRA branch calls it too).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@
 
 #include "kernels/kernel_types.h"
 #include "kernels/linear.h"
+#include "kernels/lora_kernel.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -47,6 +54,8 @@ struct DecoderLayerWeights {
   const void* down = nullptr;        // [E, I]
   std::optional<WeightFormat> format[kNumStackLinears];  // unset: dense_weight_format(dtype)
   const float* scales[kNumStackLinears] = {};           // [N] fp32 for kInt8PerChannel, else nullptr
+  // Each linear's LoRA slot stacks (in: its K, out: its N); a_t == nullptr: no adapter terms there.
+  LoRAStacks lora[kNumStackLinears];
 };
 
 struct DecoderStackParams {
@@ -80,9 +89,12 @@ struct DecoderStackParams {
   int64_t max_query_len = -1;
   int64_t max_seq_len = -1;
   int64_t num_actual_tokens = -1;            // rows past it are padding (attention rows zero); -1 = T
+  // The step's adapter rows, grouped by slot (num_segments 0: none; every linear then runs as without LoRA).
+  LoRASegments lora;
 
   // Optional: seconds spent per op are added to op_seconds[StackOp] (a profile for benchmarks;
-  // two clock reads per op, ~1 us a step for 30 layers).
+  // two clock reads per op, ~1 us a step for 30 layers). A linear's adapter terms (and gate_up's
+  // separate SwiGLU in a LoRA step) count in that linear's op.
   double* op_seconds = nullptr;
 };
 
@@ -105,9 +117,10 @@ struct DecoderStack {
   std::optional<Isa> isa;    // unset: active_isa() at each step
   bool profiling = false;    // accumulate seconds per op into op_seconds
   std::vector<double> op_seconds = std::vector<double>(kNumStackOps, 0.0);  // [kNumStackOps]
+  int64_t lora_steps = 0;    // steps run with adapter rows (tests and benchmarks see the stack took them)
 
-  // step: the per-step fields of DecoderStackParams (num_tokens .. num_actual_tokens); the layers,
-  // sizes and profile pointer come from here.
+  // step: the per-step fields of DecoderStackParams (num_tokens .. lora); the layers, sizes and
+  // profile pointer come from here.
   Status run(const DecoderStackParams& step);
 };
 

@@ -89,5 +89,31 @@ Status lora_shrink_expand(const LoRAParams& p, Isa isa) {
   return status;
 }
 
+Status lora_apply(const LoRAStacks& w, const LoRASegments& s, const void* x, int64_t x_stride, void* y,
+                  int64_t y_stride, int64_t num_tokens, int64_t in_features, int64_t out_features, DType dtype,
+                  Isa isa) {
+  LoRAParams p;
+  p.x = x;
+  p.y = y;
+  p.a_t = w.a_t;
+  p.b_t = w.b_t;
+  p.ranks = w.ranks;
+  p.slice_starts = w.slice_starts;
+  p.token_indices = s.token_indices;
+  p.segment_slots = s.segment_slots;
+  p.segment_starts = s.segment_starts;
+  p.num_tokens = num_tokens;
+  p.in_features = in_features;
+  p.out_features = out_features;
+  p.x_stride = x_stride;
+  p.y_stride = y_stride;
+  p.num_slots = w.num_slots;
+  p.num_slices = w.num_slices;
+  p.max_rank = w.max_rank;
+  p.num_segments = s.num_segments;
+  p.dtype = dtype;
+  return lora_shrink_expand(p, isa);
+}
+
 }  // namespace kernels
 }  // namespace pagedcore

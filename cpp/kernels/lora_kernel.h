@@ -52,5 +52,32 @@ struct LoRAParams {
 // (AVX2 and up: the AVX2 build; else the portable one).
 Status lora_shrink_expand(const LoRAParams& p, Isa isa);
 
+// The weight side of LoRAParams for one adapted linear layer: its slot stacks, bound once (the C++
+// decoder stack keeps one per linear of every layer). An adapter loaded into a slot rewrites the
+// stacks in place, so the pointers stay valid. a_t == nullptr: the layer has no adapter stacks.
+struct LoRAStacks {
+  const float* a_t = nullptr;             // [num_slots, in_features, num_slices * max_rank]
+  const float* b_t = nullptr;             // [num_slots, num_slices * max_rank, out_features]
+  const int32_t* ranks = nullptr;         // [num_slots, num_slices]
+  const int32_t* slice_starts = nullptr;  // [num_slices + 1]
+  int64_t num_slots = 0;
+  int64_t num_slices = 0;
+  int64_t max_rank = 0;
+};
+
+// The step side: the token rows that run an adapter, grouped by slot (as in LoRAParams).
+struct LoRASegments {
+  const int32_t* token_indices = nullptr;   // [num_lora_tokens]
+  const int32_t* segment_slots = nullptr;   // [num_segments]
+  const int32_t* segment_starts = nullptr;  // [num_segments + 1]
+  int64_t num_segments = 0;                 // 0: no adapter rows this step
+};
+
+// y[t] += B_a A_a x[t] for the listed rows of one layer: x [num_tokens, in_features] (x_stride),
+// y [num_tokens, out_features] (y_stride), both `dtype`. Checked as lora_shrink_expand checks.
+Status lora_apply(const LoRAStacks& w, const LoRASegments& s, const void* x, int64_t x_stride, void* y,
+                  int64_t y_stride, int64_t num_tokens, int64_t in_features, int64_t out_features, DType dtype,
+                  Isa isa);
+
 }  // namespace kernels
 }  // namespace pagedcore

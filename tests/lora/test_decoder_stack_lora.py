@@ -1,6 +1,6 @@
-"""With --enable-lora the C++ decoder stack still runs the steps that have no adapter rows (base-model
-traffic), where the adapter hooks add nothing: bit for bit the layer loop. A step with adapter rows
-goes to the layer loop, which adds their terms (test_engine_vs_hf.py holds mixed runs to HF)."""
+"""With --enable-lora the C++ decoder stack runs the steps that have no adapter rows (base-model
+traffic) as before: bit for bit the layer loop. Steps with adapter rows run in the stack too
+(test_stack_lora.py holds them to the layer loop, test_engine_vs_hf.py mixed runs to HF)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,6 @@ def test_the_stack_runs_base_steps_with_lora_enabled(tiny_base, adapters):
     manager.acquire(request, "r1")
     manager.prepare(np.array([2, 0], dtype=np.uint64), np.array([0, 1, 2], dtype=np.int32))  # seq 0 adapted
     hidden = torch.zeros(2, model.config.hidden_size)
-    assert not stack.takes(hidden, driver.kv_cache)  # adapter rows: the layer loop
+    assert stack.takes(hidden, driver.kv_cache)  # adapter rows too: the stack adds their terms (test_stack_lora.py)
     manager.clear_step()
     assert stack.takes(hidden, driver.kv_cache)

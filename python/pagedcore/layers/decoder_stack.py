@@ -10,6 +10,11 @@ tells when they moved) and calls it for steps of at most `max_rows` tokens, but 
 decoder_stack_support() says the stack runs everything the layers do: the stack reads raw weight
 pointers, so a feature added to the Python layers (an adapter, a weight format, a bias, a module)
 would otherwise be skipped without a word.
+
+Multi-LoRA (--enable-lora): each linear's adapter hook (pagedcore.lora.LoRALayerWeights) has slot
+stacks the LoRAManager fills in place, so the stack binds their pointers once, like the weights;
+a step with adapter rows passes the step's row groups (the hooks' shared LoRABatch) to run(), and
+the C++ side adds the adapter terms after each linear with the kernel the hooks call.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class LayerTensors:
     # int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
     formats: tuple[str | None, ...] = (None, None, None, None)
     scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
+    # Per linear: its LoRA hook (pagedcore.lora.LoRALayerWeights: the slot stacks a_t, b_t, ranks,
+    # slice_starts) or None.
+    lora: tuple[object | None, ...] = (None, None, None, None)
 
 
 # What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
@@ -90,9 +98,9 @@ def decoder_stack_support(config, layers) -> StackSupport:
       parallel    no tensor-parallel layer (RowParallelLinear: an all-reduce inside the layer)
       model       an architecture in STACK_ARCHITECTURES; fp32 or bf16; one layer per config layer
       modules     each layer's leaf modules are exactly the known ones, of exactly their classes
-                  (RMSNorm, Linear, MergedLinear, Attention, and a linear's LoRA hook, which the stack
-                  honours by running only steps without adapter rows), q_norm and k_norm both or
-                  neither: a wrapper or new module is something the stack would skip
+                  (RMSNorm, Linear, MergedLinear, Attention, and a linear's LoRA hook, whose slot
+                  stacks the stack binds and runs), q_norm and k_norm both or neither: a wrapper or
+                  new module is something the stack would skip
       tensors     the layer's parameters are those in _LAYER_PARAMS (bias on qkv only), no buffers
       formats     every Linear has the dense method of the model dtype, or is quantized in one
                   format over all its rows (QuantLinearMethod with one part), and the layer dtype out
@@ -114,8 +122,7 @@ def decoder_stack_support(config, layers) -> StackSupport:
     from pagedcore.lora.layer_weights import LoRALayerWeights
 
     leaf_class = {**dict.fromkeys(_NORM_LEAVES, RMSNorm), "self_attn.attn": Attention,
-                  # An adapter hook (--enable-lora): the stack runs only steps without adapter rows
-                  # (DecoderStack.takes asks the hook's step batch), where the hook adds nothing.
+                  # An adapter hook (--enable-lora): the stack adds its terms after the linear.
                   **{f"{name}.lora": LoRALayerWeights for name in _LINEAR_LEAVES},
                   "self_attn.qkv_proj": MergedLinear, "self_attn.o_proj": Linear,
                   "mlp.gate_up_proj": MergedLinear, "mlp.down_proj": Linear}
@@ -202,7 +209,8 @@ def layer_tensors(layer) -> LayerTensors:
     params = dict(layer.named_parameters())
     formats = [_linear_format(layer.get_submodule(name)) for name in _LINEAR_LEAVES]
     return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()},
-                        formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats))
+                        formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats),
+                        lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in _LINEAR_LEAVES))
 
 
 def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -248,6 +256,27 @@ def _tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...
                 return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
         if (layer.q_norm is None) != (layer.k_norm is None):
             return f"layer {index}: q_norm and k_norm come together"
+        for hook, field in zip(layer.lora, _LINEAR_FIELDS):
+            problem = _lora_problem(hook, *shapes[field])
+            if problem:
+                return f"layer {index} {field} LoRA stacks: {problem}"
+    return ""
+
+
+def _lora_problem(hook, out_features: int, in_features: int) -> str:
+    """Why the stack cannot read a linear's LoRA slot stacks ("" if it can, or there is no hook)."""
+    if hook is None:
+        return ""
+    a_t, b_t, ranks, starts = hook.a_t, hook.b_t, hook.ranks, hook.slice_starts
+    num_slots, sr = a_t.shape[0], hook.num_slices * hook.max_rank
+    want = {"a_t": (a_t, torch.float32, (num_slots, in_features, sr)),
+            "b_t": (b_t, torch.float32, (num_slots, sr, out_features)),
+            "ranks": (ranks, torch.int32, (num_slots, hook.num_slices)),
+            "slice_starts": (starts, torch.int32, (hook.num_slices + 1,))}
+    for name, (t, dtype, shape) in want.items():
+        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
+            return (f"{name} is {tuple(t.shape)} {t.dtype} on {t.device}; the stack reads a contiguous CPU "
+                    f"{dtype} tensor of shape {shape}")
     return ""
 
 
@@ -275,7 +304,17 @@ class DecoderStack:
         quantized = all(fmt is not None for layer in layers for fmt in layer.formats)
         self.max_rows = QUANT_STACK_MAX_ROWS if quantized else max_rows(dtype)
         self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
-        self.lora_batch = lora_batch  # the LoRA hooks' shared step batch (LoRABatchRef), or None
+        # The LoRA hooks' shared step batch (LoRABatchRef), or None without hooks; their slot stacks
+        # are bound below (kept alive by the hooks, filled in place by the LoRAManager).
+        hooks = [hook for layer in layers for hook in layer.lora if hook is not None]
+        self.lora_batch = hooks[0].batch_ref if hooks else lora_batch
+        if any(hook.batch_ref is not self.lora_batch for hook in hooks):
+            raise ValueError("DecoderStack: the layers' LoRA hooks do not share one step batch")
+        self._lora_hooks = hooks
+        lora_stacks = [[None if hook is None else [hook.a_t.data_ptr(), hook.b_t.data_ptr(), hook.ranks.data_ptr(),
+                                                    hook.slice_starts.data_ptr(), hook.a_t.shape[0], hook.num_slices,
+                                                    hook.max_rank]
+                        for hook in layer.lora] for layer in layers]
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
         formats = [[None if fmt is None else FORMAT_ENUMS[fmt] for fmt in layer.formats] for layer in layers]
@@ -283,7 +322,8 @@ class DecoderStack:
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
-                                         linear_formats=formats, linear_scales=scales)
+                                         linear_formats=formats, linear_scales=scales,
+                                         lora_stacks=lora_stacks if hooks else None)
 
     def set_profiling(self, on: bool) -> None:
         """Time every op inside the stack (a benchmark aid; ~1 us a step)."""
@@ -298,10 +338,15 @@ class DecoderStack:
         """Still bound to the model's weights (False after model.to() or a reload into new tensors)."""
         return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype
 
+    @property
+    def lora_steps(self) -> int:
+        """Steps this stack ran with adapter rows (tests and benchmarks: the stack took them)."""
+        return self._stack.lora_steps
+
     def takes(self, hidden: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """A CPU step of at most max_rows tokens, none of them running a LoRA adapter."""
-        if self.lora_batch is not None and self.lora_batch.batch is not None:
-            return False  # adapter rows: the layer loop adds their terms (the stack has no LoRA kernel call)
+        """A CPU step of at most max_rows tokens (adapter rows or not: the stack adds their terms)."""
+        if self.lora_batch is not None and self.lora_batch.batch is not None and not self._lora_hooks:
+            return False  # a step batch without bound stacks: only the layer loop's hooks know the adapters
         return 0 < hidden.shape[0] <= self.max_rows and hidden.is_cpu and kv_cache.is_cpu
 
     def __call__(self, hidden: torch.Tensor, cos_sin: torch.Tensor, kv_cache: torch.Tensor,
@@ -336,9 +381,15 @@ class DecoderStack:
                 "int32 tables and the model's dtype and sizes")
         residual = torch.empty_like(hidden)
         num_actual = m.num_actual_tokens
+        batch = None if self.lora_batch is None else self.lora_batch.batch
+        lora = (0, 0, 0, 0)
+        if batch is not None and self._lora_hooks:
+            # Built by LoRAManager.prepare (int32, contiguous); the C++ launcher checks every index.
+            lora = (batch.token_indices.data_ptr(), batch.segment_slots.data_ptr(), batch.segment_starts.data_ptr(),
+                    batch.segment_slots.numel())
         self._stack.run(hidden.data_ptr(), residual.data_ptr(), T, cos_sin.data_ptr(), kv_cache.data_ptr(),
                         _DTYPE_CODE[kv_cache.dtype], kv_shape[2], kv_shape[4], m.slot_mapping.data_ptr(),
                         m.block_tables.data_ptr(), m.seq_lens.data_ptr(), m.query_start_loc.data_ptr(), num_seqs,
                         m.block_tables.shape[1], m.max_query_len, m.max_seq_len,
-                        -1 if num_actual is None else num_actual)
+                        -1 if num_actual is None else num_actual, *lora)
         return hidden, residual

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedcore.layers.activation import silu_mul
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import linear as linear_ops
 from pagedcore.ops import linear_dispatch
@@ -239,9 +240,8 @@ class MergedLinear(Linear):
         """silu(gate) * up for a gate/up projection (two shards of equal size, gate first):
         [num_tokens, in] -> [num_tokens, out // 2]; the method may fuse the SwiGLU into its GEMM."""
         if self.lora is not None and self.lora.active:  # adapter terms go in before the SwiGLU
-            gate_up = self.forward(x)  # [num_tokens, out]
-            half = gate_up.shape[-1] // 2
-            return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+            # The kernel's SwiGLU epilogue on its own: the C++ decoder stack's LoRA steps round the same.
+            return silu_mul(self.forward(x))  # via [num_tokens, out]
         return self.method.apply_silu_mul(self, x)
 
     def load_shard(self, shard_id: str, param_name: str, loaded: CheckpointTensor, name: str) -> None:
