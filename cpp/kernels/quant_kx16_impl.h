@@ -115,30 +115,39 @@ inline void sums_q45(const typename KFormat<kKind>::Block& w, const int8_t* cons
 }
 
 // Q6_K: super-block sb's integer sums (times the int8 scales, without the -32 offset) into isum.
+// One pass over each ql / qh chunk: chunk (h, j) gives the quants of t = 0..3 (weights
+// 128 h + 32 t + 4 j + (0..3), sub-block 8 h + 2 t + j / 4) from two ql vectors and one qh vector.
 template <int MR>
 inline void sums_q6(const BlockQ6_Kx16& w, const int8_t* const (&xq)[MR], int64_t k0, const BlockQ6_Kx16* ahead,
                     typename X::I (&isum)[MR]) {
   using I = typename X::I;
   using V = typename X::V;
   for (int h = 0; h < 2; ++h) {
-    for (int t = 0; t < 4; ++t) {  // weights 128 h + 32 t + (0..31): sub-blocks 8 h + 2 t and + 1
-      prefetch_part(ahead, 4 * h + t, 8);
-      const I pairs = X::pairs_s8(w.sc[4 * h + t]);
-      for (int half = 0; half < 2; ++half) {
-        const I sc = half == 0 ? X::scale_lo(pairs) : X::scale_hi(pairs);
-        I s[MR];
-        if constexpr (!X::kScaleInDot)
-          for (int r = 0; r < MR; ++r) s[r] = X::izero();
-        for (int j = 4 * half; j < 4 * half + 4; ++j) {
-          const V ql = X::load(w.ql[16 * h + 8 * (t & 1) + j]);
-          const V u = X::or_(t < 2 ? X::lo4(ql) : X::hi4(ql), top_bits(X::load(w.qh[8 * h + j]), t));
-          const int64_t k = k0 + 128 * h + 32 * t + 4 * j;
-          if constexpr (X::kScaleInDot) dot_rows<MR>(isum, u, xq, k, sc);
-          else dot_rows<MR>(s, u, xq, k, sc);
-        }
-        if constexpr (!X::kScaleInDot)
-          for (int r = 0; r < MR; ++r) isum[r] = X::mul_add(isum[r], s[r], sc);
+    for (int half = 0; half < 2; ++half) {  // sub-blocks 8 h + 2 t + half, t = 0..3
+      prefetch_part(ahead, 2 * h + half, 4);
+      I sc[4];
+      for (int t = 0; t < 4; ++t) {
+        const I pairs = X::pairs_s8(w.sc[4 * h + t]);
+        sc[t] = half == 0 ? X::scale_lo(pairs) : X::scale_hi(pairs);
       }
+      I s[4][MR];
+      if constexpr (!X::kScaleInDot)
+        for (int t = 0; t < 4; ++t)
+          for (int r = 0; r < MR; ++r) s[t][r] = X::izero();
+      for (int j = 4 * half; j < 4 * half + 4; ++j) {
+        const V ql0 = X::load(w.ql[16 * h + j]), ql1 = X::load(w.ql[16 * h + 8 + j]);
+        const V qh = X::load(w.qh[8 * h + j]);
+        const V u[4] = {X::or_(X::lo4(ql0), top_bits(qh, 0)), X::or_(X::lo4(ql1), top_bits(qh, 1)),
+                        X::or_(X::hi4(ql0), top_bits(qh, 2)), X::or_(X::hi4(ql1), top_bits(qh, 3))};
+        for (int t = 0; t < 4; ++t) {
+          const int64_t k = k0 + 128 * h + 32 * t + 4 * j;
+          if constexpr (X::kScaleInDot) dot_rows<MR>(isum, u[t], xq, k, sc[t]);
+          else dot_rows<MR>(s[t], u[t], xq, k, sc[t]);
+        }
+      }
+      if constexpr (!X::kScaleInDot)
+        for (int t = 0; t < 4; ++t)
+          for (int r = 0; r < MR; ++r) isum[r] = X::mul_add(isum[r], s[t][r], sc[t]);
     }
   }
 }
