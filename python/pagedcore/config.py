@@ -58,8 +58,9 @@ def parse_memory_size(value: int | float | str) -> int | float:
 @dataclass
 class EngineConfig:
     model: str | None = None                 # HF folder or .gguf file; None = the bundled default
-    dtype: str = "float32"                   # weights, activations and KV cache: float32 | bfloat16 | auto
-                                             # (auto: a GGUF keeps its blocks, fp32 activations; else float32)
+    dtype: str = "auto"                      # weights, activations and KV cache: auto | float32 | bfloat16
+                                             # (auto: a GGUF keeps its blocks, fp32 activations; an HF folder,
+                                             # or any model on a GPU, float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
     # vLLM's --kv-cache-dtype: auto (= the activations' dtype) | float32 | bfloat16. A bf16 cache under fp32
     # activations (a GGUF as stored) halves the cache's bytes and attention's reads; keys and values are
@@ -108,6 +109,9 @@ class EngineConfig:
             self.dtype = "bfloat16"
         if self.dtype not in (*_DTYPES, "auto"):
             fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
+        if self.dtype == "auto" and self.device != "cpu" and self.quantization is None:
+            # The quantized kernels run on the CPU only: on a GPU a GGUF is dequantised, as before.
+            self.dtype = "float32"
         self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}.get(
             self.kv_cache_dtype, self.kv_cache_dtype)
         if str(self.kv_cache_dtype).startswith("fp8"):

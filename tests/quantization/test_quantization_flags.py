@@ -86,7 +86,9 @@ def test_cli_defaults_and_errors(capsys, gguf_path):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args([]))
-    assert (config.dtype, config.quantization) == ("float32", None)   # auto is opt-in until it is faster
+    assert (config.dtype, config.quantization) == ("auto", None)   # a GGUF as stored; an HF folder float32
+    config = engine_config_from_args(parser.parse_args(["--device", "cuda"]))
+    assert config.dtype == "float32"   # the quantized kernels are CPU-only: on a GPU auto dequantises
     config = engine_config_from_args(parser.parse_args(["-q", "int8_per_channel", "--dtype", "float32"]))
     assert (config.dtype, config.quantization) == ("float32", "int8_per_channel")
     assert main(["generate", "hi", "--model", gguf_path, "--quantization", "awq"]) == 2

@@ -86,7 +86,8 @@ def _engine(model, variant: str, args):
     from pagedcore.engine.llm_engine import LLMEngine
 
     options = dict(model=model, max_model_len=args.ctx + 1, enable_prefix_caching=False,
-                   max_num_seqs=args.max_num_seqs, num_threads=args.num_threads, kv_cache_memory=args.kv_cache_memory)
+                   max_num_seqs=args.max_num_seqs, num_threads=args.num_threads, kv_cache_memory=args.kv_cache_memory,
+                   kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     if variant == "q8_0":
         from pagedcore.loader.requantize import load_requantized
 
@@ -144,7 +145,8 @@ def cmd_perplexity(args) -> int:
     cpu = describe_cpu(cpu_info())
     print(f"perplexity of {os.path.basename(source.path)} on Newton's Opticks ({len(windows)} windows of "
           f"{args.ctx} tokens, second halves scored: {len(windows) * (args.ctx - args.ctx // 2)} tokens)")
-    print(f"CPU: {cpu}; 1-min load average {load} (PPL does not depend on load; timings do)")
+    print(f"CPU: {cpu}; 1-min load average {load} (PPL does not depend on load; timings do); "
+          f"--kv-cache-dtype {getattr(args, 'kv_cache_dtype', 'auto')}")
     print(f"{'variant':<18} {'PPL':>9} {'vs fp32':>8} {'weights MB':>11}  formats")
     base = next((r.ppl for r in rows if r.variant == "fp32"), None)
     for row in rows:

@@ -9,11 +9,11 @@ from pagedcore.config import EngineConfig
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
-                   help="weights, activations and KV cache dtype. float32 (default) | bfloat16: a GGUF is "
-                        "dequantised at load; auto: a GGUF keeps its quantized blocks (fp32 activations), "
-                        "an HF folder runs float32. The default stays float32 until the quantized path is "
-                        "the faster one (docs/quantization.md)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="weights, activations and KV cache dtype. auto (default): a GGUF keeps its quantized "
+                        "blocks (fp32 activations), an HF folder runs float32; float32 | bfloat16: a GGUF is "
+                        "dequantised at load (float32 is token-exact with HF transformers). On a GPU auto "
+                        "means float32 (docs/quantization.md)")
     g.add_argument("--quantization", "-q", default=None,
                    help="gguf (a .gguf file's blocks as stored; what auto does) or int8_per_channel (a dense "
                         "checkpoint quantized to int8 at load, W8A8); see docs/quantization.md")
