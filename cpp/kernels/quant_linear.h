@@ -1,5 +1,5 @@
 // Internal: the quantized linear family (linear.h's WeightFormat kInt8PerChannel, kQ8_0, kQ4_0,
-// kQ4_1, kQ4_K, kQ5_K, kQ6_K). linear() hands these formats to quant_linear(), which quantizes x
+// kQ4_1, kQ4_K, kQ5_K, kQ6_K, and their 16-row repacked forms kQ*x16). linear() hands these formats to quant_linear(), which quantizes x
 // per block to int8 (as llama.cpp does), runs the per-ISA integer dot-product kernels
 // (quant_linear_<isa>.cc, written once in quant_linear_impl.h) on tasks of rows x weight rows and
 // finishes each task with the dense family's epilogue (bias, SwiGLU, bf16 out).
@@ -18,7 +18,7 @@ namespace kernels {
 
 // True for the formats this family computes (every one but the dense ones).
 bool is_quantized_format(WeightFormat format);
-// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16).
+// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16, kQ4_Kx16, kQ5_Kx16, kQ6_Kx16).
 bool is_x16_format(WeightFormat format);
 // Weights per block along K (32; 256 for the k-quants; 1 for kInt8PerChannel), and the bytes of one
 // weight row of K weights (K a multiple of the block); -1 for a dense or unknown format.
