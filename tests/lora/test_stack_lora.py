@@ -115,3 +115,26 @@ def test_a_slot_refilled_after_binding_is_what_the_stack_reads(tiny_base, adapte
         assert all(torch.equal(runs[0], other) for other in runs[1:]), f"adapter {adapter_id}"
     assert not torch.equal(results[1][0], results[2][0])
     del stack
+
+
+def test_base_rows_of_an_adapter_step_equal_a_base_only_step(tiny_base, adapters):
+    """In an adapter step the stack runs gate_up unfused and silu_mul after it; a base row must still get
+    the bits of a step without adapters (fused SwiGLU epilogue), for fp32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        model, manager = _model_with_adapters(tiny_base[1], adapters, dtype)
+        driver = PagedDriver(model, seed=9)
+        for seq, length in {0: 6, 1: 13}.items():
+            manager.prepare(np.array([SEQ_ADAPTERS[seq]], dtype=np.uint64), np.array([0, length], dtype=np.int32))
+            driver.step([(seq, random_prompt(length, seed=20 + seq))])
+        chunks = [(0, [5]), (1, [6])]  # seq 0: base, seq 1: adapter 1
+        input_ids, positions, metadata = driver.prepare(chunks)
+        inner = model.model
+        stack = inner._decoder_stack()
+        with torch.inference_mode():
+            hidden, cos_sin = inner.embed_tokens(input_ids), inner.rotary_emb(positions)
+            manager.prepare(np.array([0, 1], dtype=np.uint64), np.array([0, 1, 2], dtype=np.int32))
+            mixed, _ = stack(hidden.clone(), cos_sin, driver.kv_cache.clone(), metadata)
+            manager.clear_step()
+            base_only, _ = stack(hidden.clone(), cos_sin, driver.kv_cache.clone(), metadata)
+        assert torch.equal(mixed[0], base_only[0]), dtype
+        assert not torch.equal(mixed[1], base_only[1]), dtype
