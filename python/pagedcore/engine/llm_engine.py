@@ -68,7 +68,9 @@ class LLMEngine:
     def _init(self, config: EngineConfig, loaded, executor, t0: float) -> None:
         self.loaded = loaded
         self.model_config = mc = loaded.config
-        config.resolve_dtype(mc.dtype)  # "auto" -> the model's activation (and KV cache) dtype
+        # "auto" -> the model's activation dtype; the KV cache's too, but for a GGUF as stored in this process.
+        as_stored = loaded.weight_format == "gguf" and executor is None and config.device == "cpu"
+        config.resolve_dtype(mc.dtype, "bfloat16" if as_stored else None)
         self.tokenizer = loaded.tokenizer
         config.resolve_lengths(mc.max_position_embeddings)
         self.eos_token_ids = list(mc.eos_token_ids)
