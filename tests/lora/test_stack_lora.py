@@ -24,8 +24,8 @@ PROMPT_LENS = {0: 5, 1: 17, 2: 9, 3: 12, 4: 6, 5: 3}
 NUM_DECODE_STEPS = 5
 
 
-def _model_with_adapters(folder, adapters, dtype):
-    model = load_model(folder, dtype=dtype, load_tokenizer=False).model
+def _model_with_adapters(folder, adapters, dtype, **load_args):
+    model = load_model(folder, dtype=dtype, load_tokenizer=False, **load_args).model
     manager = LoRAManager(model, max_loras=3, max_lora_rank=16, max_cpu_loras=3)
     for i, (spec, path, _) in enumerate(adapters):
         manager.acquire(LoRARequest(spec.name, i + 1, path), f"request-{i}")
@@ -69,6 +69,19 @@ def test_adapter_steps_in_the_stack_equal_the_layer_loop(tiny_base, adapters, dt
     by_stack, stack_cache, lora_steps = _run(model, manager, True, monkeypatch)
     by_loop, loop_cache, _ = _run(model, manager, False, monkeypatch)
     assert lora_steps == len(by_stack), "every step had adapter rows: the stack should have run them all"
+    for i, (got, want) in enumerate(zip(by_stack, by_loop)):
+        assert torch.equal(got, want), f"step {i}: logits differ by {(got - want).abs().max().item()}"
+    assert torch.equal(stack_cache, loop_cache)
+
+
+def test_a_quantized_model_runs_adapters_in_the_stack_as_the_loop(tiny_base, adapters, monkeypatch):
+    """int8_per_channel weights: the adapter hooks see only x and y, the stack runs the quantized
+    kernels without the fused SwiGLU in adapter steps, then silu_mul, as the loop does."""
+    model, manager = _model_with_adapters(tiny_base[1], adapters, "float32", quantization="int8_per_channel")
+    assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
+    by_stack, stack_cache, lora_steps = _run(model, manager, True, monkeypatch)
+    by_loop, loop_cache, _ = _run(model, manager, False, monkeypatch)
+    assert lora_steps == len(by_stack)
     for i, (got, want) in enumerate(zip(by_stack, by_loop)):
         assert torch.equal(got, want), f"step {i}: logits differ by {(got - want).abs().max().item()}"
     assert torch.equal(stack_cache, loop_cache)
