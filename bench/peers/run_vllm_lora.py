@@ -10,7 +10,7 @@ with side_by_side.py's environment: tcmalloc and Intel OpenMP preloaded, both co
 --lora on:  LLM(enable_lora=True, max_loras=N, max_lora_rank=R): throughput with the requests spread
             round-robin over the N adapters (adapter{i} folders), decode with adapter0, and decode of a
             base request with LoRA on. bench_lora.py divides on by off, as for pagedcore.
-Prints `RESULT {json}` last.
+Both measurements run in every call (common.py's --mode is ignored). Prints `RESULT {json}` last.
 """
 
 import os
