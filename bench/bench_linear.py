@@ -30,7 +30,8 @@ per-ISA threshold table is measured with; interleaved, best of --repeats):
     .venv/bin/python bench/bench_linear.py --library                       # M = 16 .. 2048, fp32 + bf16
     .venv/bin/python bench/bench_linear.py --library --dtype bfloat16 --rows 64 128 256
 
-  ours      pagedcore's kernel (LinearKernel)
+  ours      pagedcore's kernel (LinearKernel) over the checkpoint layout
+  x16       pagedcore's outer-product kernel over the weight repacked once (ops/dense_repack.py)
   widen     F.linear on fp32 copies of bf16 operands, rounded back (the AVX2 path for bf16)
   torch     F.linear as is (MKL for fp32, oneDNN with a per-call weight reorder for bf16)
   packed    oneDNN through torch.ops.mkldnn with the weight reordered once (ops/onednn_linear.py)
@@ -122,8 +123,12 @@ def library_variants(w: torch.Tensor) -> dict:
     from pagedcore.ops.linear import LinearKernel
     from pagedcore.ops.onednn_linear import PrepackedWeight, available
 
+    from pagedcore.ops.dense_repack import pack_x16, x16_problem
+
     kernel = LinearKernel(w)
     variants = {"ours": kernel, "torch": lambda x: F.linear(x, w)}
+    if not x16_problem(w):
+        variants["x16"] = LinearKernel(pack_x16(w), x16=True)
     if w.dtype is torch.bfloat16:  # the widen path converts the weight on every call: timed with it
         variants["widen"] = lambda x: F.linear(x.float(), w.float()).to(torch.bfloat16)
     if available():
@@ -139,7 +144,7 @@ def run_library(args) -> int:
     rows = args.rows if args.rows != [1, 4, 16, 64, 256, 2048] else list(LIBRARY_ROWS)
     print(f"threads={torch.get_num_threads()}  kernel ISA={auto_isa()}  loadavg {os.getloadavg()}  "
           "(GFLOP/s, best of interleaved repeats)")
-    names = ("ours", "torch", "widen", "packed")
+    names = ("ours", "x16", "torch", "widen", "packed")
     print(f"{'dtype':9s} {'shape':8s} {'M':>5s} | " + " ".join(f"{n:>7s}" for n in names) + " | best")
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)

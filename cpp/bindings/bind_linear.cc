@@ -30,7 +30,9 @@ void bind_linear(py::module_& m) {
       .value("Q8_0X16", kernels::WeightFormat::kQ8_0x16)
       .value("Q4_KX16", kernels::WeightFormat::kQ4_Kx16)
       .value("Q5_KX16", kernels::WeightFormat::kQ5_Kx16)
-      .value("Q6_KX16", kernels::WeightFormat::kQ6_Kx16);
+      .value("Q6_KX16", kernels::WeightFormat::kQ6_Kx16)
+      .value("F32X16", kernels::WeightFormat::kDenseF32x16)
+      .value("BF16X16", kernels::WeightFormat::kDenseBf16x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,

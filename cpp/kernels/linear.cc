@@ -35,9 +35,16 @@ std::string str(int64_t v) { return std::to_string(v); }
 int64_t elem_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 
-bool dense(WeightFormat f) { return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16; }
-// Bytes of one weight row of K elements in a dense format.
-int64_t weight_row_bytes(WeightFormat f, int64_t K) { return K * (f == WeightFormat::kDenseF32 ? 4 : 2); }
+bool dense(WeightFormat f) {
+  return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF32x16 ||
+         f == WeightFormat::kDenseBf16x16;
+}
+bool x16(WeightFormat f) { return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16; }
+constexpr int64_t kX16Cols = 16;  // output columns per group of the x16 layouts
+// Bytes of one weight row of K elements in a dense format (the x16 layouts hold the same bytes).
+int64_t weight_row_bytes(WeightFormat f, int64_t K) {
+  return K * (f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseF32x16 ? 4 : 2);
+}
 
 // [begin, end) byte ranges of two strided row sets overlap.
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -57,6 +64,14 @@ Status check(const LinearParams& p, int64_t out_cols) {
   if (p.epilogue == LinearEpilogue::kSiluMul && p.N % 2 != 0)
     return Status::invalid("linear: the SiLU-and-multiply epilogue needs an even number of weight rows "
                            "(gate rows then up rows); got N = " + str(p.N));
+  if (x16(p.weight_format) && (p.N % kX16Cols != 0 || out_cols % kX16Cols != 0))
+    return Status::invalid("linear: " + std::string(weight_format_name(p.weight_format)) +
+                           " weights are repacked in groups of 16 rows; N = " + str(p.N) +
+                           (out_cols != p.N ? " (" + str(out_cols) + " outputs per half)" : "") +
+                           " is not a multiple of 16; keep the checkpoint layout");
+  if (p.weight_format == WeightFormat::kDenseBf16x16 && p.K % 2 != 0)
+    return Status::invalid("linear: bf16x16 weights hold pairs along K; K = " + str(p.K) +
+                           " is odd; keep the checkpoint layout");
   if (p.M == 0 || out_cols == 0) return Status::ok();
   if (!p.out || (p.K > 0 && (!p.x || !p.weight)))
     return Status::invalid("linear: a data pointer is null");
@@ -175,12 +190,22 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ4_Kx16: return "q4_kx16";
     case WeightFormat::kQ5_Kx16: return "q5_kx16";
     case WeightFormat::kQ6_Kx16: return "q6_kx16";
+    case WeightFormat::kDenseF32x16: return "f32x16";
+    case WeightFormat::kDenseBf16x16: return "bf16x16";
   }
   return "unknown";
 }
 
 WeightFormat dense_weight_format(DType dtype) {
   return dtype == DType::kBFloat16 ? WeightFormat::kDenseBf16 : WeightFormat::kDenseF32;
+}
+
+WeightFormat dense_x16_weight_format(DType dtype) {
+  return dtype == DType::kBFloat16 ? WeightFormat::kDenseBf16x16 : WeightFormat::kDenseF32x16;
+}
+
+bool is_dense_format_of(WeightFormat format, DType dtype) {
+  return format == dense_weight_format(dtype) || format == dense_x16_weight_format(dtype);
 }
 
 const LinearIsaKernels& linear_isa_kernels(Isa isa) {
@@ -281,8 +306,12 @@ Status linear(const LinearParams& p, Isa isa) {
       const int64_t balance = (out_cols + kTasksPerThread * threads - 1) / (kTasksPerThread * threads);
       n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
     }
-    n_chunk = std::max<int64_t>(8, (n_chunk + 7) / 8 * 8);
+    const int64_t align = x16(p.weight_format) ? kX16Cols : 8;  // x16: whole column groups per task
+    n_chunk = std::max<int64_t>(align, (n_chunk + align - 1) / align * align);
   }
+  if (x16(p.weight_format) && n_chunk % kX16Cols != 0)
+    return Status::invalid("linear: an n_chunk tuning of " + str(n_chunk) + " splits the 16-column groups of " +
+                           weight_format_name(p.weight_format) + " weights; use a multiple of 16");
   int64_t m_chunk = g_m_chunk.load();
   if (m_chunk <= 0) {
     m_chunk = stream ? p.M : std::max<int64_t>(12, kTaskXBytes / std::max<int64_t>(1, p.K * 4) / 12 * 12);

@@ -38,6 +38,12 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //   kQ4_Kx16, kQ5_Kx16, kQ6_Kx16: the k-quants repacked the same way, their 6-bit sub-block scales
 //                    unpacked to bytes (quant_blocks.h; 148 / 180 / 210 bytes per row and 256
 //                    weights against ggml's 144 / 176 / 210; quant_kx16_impl.h).
+// The dense formats repacked once at load (dense_x16_impl.h; N a multiple of 16, the same bytes):
+//   kDenseF32x16:  fp32 [N/16][K][16], 16 output columns per vector at one k.
+//   kDenseBf16x16: bf16 [N/16][K/2][16][2] (K even), 16 columns x a pair of k per 64 bytes, as
+//                  vdpbf16ps takes them against x[m, k:k+2] broadcast.
+//   Outer-product kernels: x broadcast, no horizontal sums; a row's sums do not depend on the
+//   other rows of the call, but they are summed in another order than the checkpoint-layout kernel.
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -54,11 +60,17 @@ enum class WeightFormat : int32_t {
   kQ4_Kx16 = 12,
   kQ5_Kx16 = 13,
   kQ6_Kx16 = 14,
+  kDenseF32x16 = 15,
+  kDenseBf16x16 = 16,
 };
-constexpr int kNumWeightFormats = 15;
+constexpr int kNumWeightFormats = 17;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);
+// The repacked x16 format of a dtype (kFloat32 -> kDenseF32x16, kBFloat16 -> kDenseBf16x16).
+WeightFormat dense_x16_weight_format(DType dtype);
+// True for the float formats of `dtype`'s weights: its checkpoint layout or its x16 repack.
+bool is_dense_format_of(WeightFormat format, DType dtype);
 
 struct LinearParams {
   void* out = nullptr;           // [M, N] (kSiluMul: [M, N / 2]), row stride out_stride, out_dtype

@@ -316,6 +316,7 @@ float read(const void* data, int64_t bytes) {
 }  // namespace kernels
 }  // namespace pagedcore
 
+#include "kernels/dense_x16_impl.h"
 #include "kernels/linear_epilogue_impl.h"
 #include "kernels/norm_impl.h"
 
@@ -323,12 +324,16 @@ namespace pagedcore {
 namespace kernels {
 namespace PC_ISA_NAMESPACE {
 
-// Rows in WeightFormat order; the formats not listed (int8, GGUF blocks) have no kernel yet.
+// Rows in WeightFormat order; the quantized formats are quant_linear.h's (empty rows here).
 const LinearIsaKernels kKernels = {
     W,
     {
         /* kDenseF32 */ {&block_f32, LinearXLayout::kF32Natural, nullptr},
         /* kDenseBf16 */ {&block_bf16, LinearXLayout::kF32PairOrder, V::kHasDotBf16 ? &block_bf16_dot : nullptr},
+        {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {},  // kInt8PerChannel .. kQ6_Kx16: quant_linear.h's
+        /* kDenseF32x16 */ {&block_f32x16, LinearXLayout::kF32Natural, nullptr},
+        /* kDenseBf16x16 */ {&block_bf16x16, LinearXLayout::kF32Natural,
+                             V::kHasDotBf16 ? &block_bf16x16_dot : nullptr},
     },
     &epilogue,
     &read,

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/vec_exp.h"
 
@@ -56,6 +57,11 @@ struct VecAvx2 {
     odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   static RI load_i(const uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static RI broadcast_pair(const uint16_t* p) {  // p[0], p[1] in every 32-bit lane (dense_x16_impl.h)
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(static_cast<int>(v));
+  }
   static R dot_bf16(R acc, RI x, RI w) {  // not used on AVX2 (kHasDotBf16 false); correct anyway
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi)), _mm256_castsi256_ps(_mm256_and_si256(w, hi)),

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/vec_exp.h"
 
@@ -58,6 +59,11 @@ struct VecAvx512 {
     odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   static RI load_i(const uint16_t* p) { return _mm512_loadu_si512(p); }
+  static RI broadcast_pair(const uint16_t* p) {  // p[0], p[1] in every 32-bit lane (dense_x16_impl.h)
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(static_cast<int>(v));
+  }
   static R dot_bf16(R acc, RI x, RI w) {
 #ifdef __AVX512BF16__
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);

@@ -97,6 +97,14 @@ struct VecGeneric {
     std::memcpy(r.v, p, sizeof r.v);
     return r;
   }
+  static RI broadcast_pair(const uint16_t* p) {  // p[0], p[1] in every pair of lanes (dense_x16_impl.h)
+    RI r;
+    for (int i = 0; i < W; ++i) {
+      r.v[2 * i] = p[0];
+      r.v[2 * i + 1] = p[1];
+    }
+    return r;
+  }
   // vdpbf16ps: acc[i] += x[2i+1] * w[2i+1] + x[2i] * w[2i] (bf16 products are exact in fp32; the
   // hardware adds them into acc in this order, flushing denormals, which test data avoids).
   static R dot_bf16(const R& acc, const RI& x, const RI& w) {

@@ -26,6 +26,8 @@ __all__ = ["LinearKernel", "linear", "max_rows", "torch_linear"]
 _EPILOGUE = {"none": 0, "silu_mul": 1}
 # The dense weight format of each weight dtype (WeightFormat of cpp/kernels/linear.h).
 _WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.DENSE_F32, torch.bfloat16: _core.WeightFormat.DENSE_BF16}
+# The repacked x16 layout of each weight dtype (ops/dense_repack.py).
+_X16_WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.F32X16, torch.bfloat16: _core.WeightFormat.BF16X16}
 
 # Rows up to which the layers call this kernel, and what runs above them, come from the per-ISA
 # table of pagedcore.ops.linear_dispatch (GEMM_PLANS, measured with bench/bench_linear.py
@@ -82,22 +84,32 @@ class LinearKernel:
     dtype x_dtype, on the CPU); returns a new [M, N] tensor (silu_mul: [M, N // 2]) of out_dtype.
 
     The weight must stay where it is: the layer rebuilds this object if its parameter moves
-    (`matches`)."""
+    (`matches`). x16=True: the weight is in its dtype's x16 layout (ops/dense_repack.py pack_x16:
+    f32 [N/16, K, 16], bf16 [N/16, K/2, 16, 2]), run by the outer-product kernel."""
 
     __slots__ = ("weight", "bias", "N", "K", "out_cols", "x_dtype", "out_dtype", "_handle", "weight_ptr")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
-                 x_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None, isa: str = "auto"):
+                 x_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None, isa: str = "auto",
+                 x16: bool = False):
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
         w_code = _dtype_code(weight, "weight")
         if weight.device.type != "cpu":
             raise ValueError(f"weight is on {weight.device}; the linear kernel runs on the CPU")
-        if weight.dim() != 2:
+        if x16:
+            from pagedcore.ops.dense_repack import X16_COLS
+            want = 4 if weight.dtype is torch.bfloat16 else 3
+            if weight.dim() != want or weight.shape[2] != X16_COLS or (want == 4 and weight.shape[3] != 2):
+                raise ValueError(f"weight has shape {tuple(weight.shape)}; an x16 layout of {weight.dtype} is "
+                                 f"{'[N/16, K/2, 16, 2]' if want == 4 else '[N/16, K, 16]'} (dense_repack.pack_x16)")
+            N, K = weight.shape[0] * X16_COLS, weight.shape[1] * (2 if want == 4 else 1)
+        elif weight.dim() != 2:
             raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [out_features, in_features]")
+        else:
+            N, K = weight.shape
         if not weight.is_contiguous():
             raise ValueError("weight must be contiguous (call weight.contiguous() once at load)")
-        N, K = weight.shape
         if silu_mul and N % 2:
             raise ValueError(f"silu_mul needs an even number of weight rows (gate rows then up rows); got {N}")
         bias_code = w_code
@@ -119,7 +131,8 @@ class LinearKernel:
         self.weight_ptr = weight.data_ptr()
         self._handle = _core.LinearHandle(
             weight=self.weight_ptr, bias=bias.data_ptr() if bias is not None else 0, N=N, K=K,
-            x_dtype=CPU_DTYPE_CODES[self.x_dtype], weight_format=_WEIGHT_FORMATS[weight.dtype],
+            x_dtype=CPU_DTYPE_CODES[self.x_dtype],
+            weight_format=(_X16_WEIGHT_FORMATS if x16 else _WEIGHT_FORMATS)[weight.dtype],
             bias_dtype=bias_code, out_dtype=CPU_DTYPE_CODES[self.out_dtype],
             epilogue=_EPILOGUE["silu_mul" if silu_mul else "none"], isa=isa_code(isa))
 
@@ -147,7 +160,7 @@ class LinearKernel:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
-           out_dtype: torch.dtype | None = None, isa: str = "auto") -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, isa: str = "auto", x16: bool = False) -> torch.Tensor:
     """torch.nn.functional.linear on the kernel: x [..., K] -> [..., N] (silu_mul: silu(gate) * up,
     [..., N // 2], weight rows [0, N/2) gate and [N/2, N) up). x fp32 or bf16 with any leading dims
     whose rows can be addressed with one stride; weight [N, K] contiguous; out_dtype defaults to x's."""
@@ -156,10 +169,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _dtype_code(x, "x")
     if x.dim() < 1:
         raise ValueError("x must have at least one dim [..., in_features]")
-    kernel = LinearKernel(weight, bias, silu_mul=silu_mul, x_dtype=x.dtype, out_dtype=out_dtype, isa=isa)
+    kernel = LinearKernel(weight, bias, silu_mul=silu_mul, x_dtype=x.dtype, out_dtype=out_dtype, isa=isa, x16=x16)
     if x.shape[-1] != kernel.K:
         raise ValueError(f"x has {x.shape[-1]} input features (shape {tuple(x.shape)}) but weight has "
-                         f"{kernel.K} (shape {tuple(weight.shape)})")
+                         f"{kernel.K} (shape {tuple(weight.shape)}{', x16 layout' if x16 else ''})")
     lead = x.shape[:-1]
     try:
         rows = x.view(-1, kernel.K) if x.dim() != 2 else x

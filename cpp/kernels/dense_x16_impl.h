@@ -1,0 +1,151 @@
+// The dense kernels of the repacked x16 layouts (linear.h kDenseF32x16, kDenseBf16x16), written once
+// against the vector trait V of the including unit (linear_impl.h includes this inside its per-ISA
+// namespace set-up; see there for why nothing here is shared between units).
+//
+// Outer-product form: lane l of an accumulator is output column l of a 16-column group, x[m, k] is
+// broadcast, so no accumulator is ever folded horizontally:
+//
+//   f32x16   W [N/16][K][16]        fp32; one 16-lane vector = 16 columns at one k
+//   bf16x16  W [N/16][K/2][16][2]   bf16; one 64-byte vector = 16 columns x the pair (k, k+1),
+//                                   what vdpbf16ps takes against x[m, k:k+2] broadcast as 32 bits
+//
+//   acc[i][v] (MR rows x NV column vectors) += x[m + i, k] * W[group, k, v lanes]     over all of K
+//
+// Every output element is summed over k in increasing order by the same instruction sequence
+// whatever the tile size or the task split, so a row's result never depends on the other rows of
+// the call (or on the threads). K is not sliced: the tile's weight panel (NV x 16 columns x K) stays
+// in L2 while the task's row tiles pass over it; the launcher (linear.cc) sizes tasks so.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/linear_kernel.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace PC_ISA_NAMESPACE {
+
+constexpr int kX16Cols = 16;                          // columns per group
+constexpr int kX16VecsPerGroup = kX16Cols / W;        // 1 at 16 lanes, 2 at 8
+constexpr int kX16Vecs = V::kRegs >= 32 ? 3 : 2;      // column vectors per register tile
+constexpr int kX16Groups = kX16Vecs / kX16VecsPerGroup;  // 3 groups (AVX-512), 1 (AVX2)
+constexpr int kX16Rows = V::kRegs >= 32 ? 8 : 6;      // rows per tile: 24 / 12 accumulators
+
+enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2 };
+
+// dst[i * ds + c] = x[m + i] . W[16 g0 + c] for i < MR, c < 16 NG (raw sums).
+template <int MR, int NG, int kMode>
+inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst, int64_t ds) {
+  constexpr int NV = NG * kX16VecsPerGroup;
+  const int64_t K = a.K;
+  const int64_t group_elems = K * kX16Cols;  // elements of one group (fp32 or bf16)
+  R acc[MR * NV];
+#pragma GCC unroll 32
+  for (int q = 0; q < MR * NV; ++q) acc[q] = V::zero();
+
+  if constexpr (kMode == kX16F32) {
+    const float* w = static_cast<const float*>(a.w) + g0 * group_elems;  // [NG][K][16]
+    const float* xr[MR];
+    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+    for (int64_t k = 0; k < K; ++k) {
+#pragma GCC unroll 8
+      for (int q = 0; q < NV; ++q) {
+        const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
+        const R wv = V::load(w + g * group_elems + k * kX16Cols + v * W);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i * NV + q] = V::fmadd(V::set1(xr[i][k]), wv, acc[i * NV + q]);
+      }
+    }
+  } else if constexpr (kMode == kX16Bf16Widen) {
+    const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
+    const float* xr[MR];
+    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+    for (int64_t k = 0; k < K; k += 2) {
+#pragma GCC unroll 8
+      for (int q = 0; q < NV; ++q) {
+        const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
+        R we, wo;  // columns of this vector at k (even) and k + 1 (odd)
+        V::load_bf16_pairs(w + g * group_elems + k * kX16Cols + v * 2 * W, we, wo);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          acc[i * NV + q] = V::fmadd(V::set1(xr[i][k]), we, acc[i * NV + q]);
+          acc[i * NV + q] = V::fmadd(V::set1(xr[i][k + 1]), wo, acc[i * NV + q]);
+        }
+      }
+    }
+  } else {
+    if constexpr (V::kHasDotBf16) {
+      const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
+      const uint16_t* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
+      for (int64_t k = 0; k < K; k += 2) {
+#pragma GCC unroll 8
+        for (int q = 0; q < NV; ++q) {
+          const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
+          const typename V::RI wv = V::load_i(w + g * group_elems + k * kX16Cols + v * 2 * W);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i)
+            acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], V::broadcast_pair(xr[i] + k), wv);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int q = 0; q < NV; ++q) V::store(dst + i * ds + q * W, acc[i * NV + q]);
+}
+
+// The last MR_LEFT (< kX16Rows) rows of a column panel, one tile of exactly that many rows.
+template <int NG, int kMode, int kRest = kX16Rows - 1>
+inline void x16_rest(const LinearBlockArgs& a, int64_t m, int64_t rest, int64_t g, float* dst, int64_t ds) {
+  if constexpr (kRest >= 1) {
+    if (rest == kRest) x16_tile<kRest, NG, kMode>(a, m, g, dst, ds);
+    else x16_rest<NG, kMode, kRest - 1>(a, m, rest, g, dst, ds);
+  }
+}
+
+// Rows [m_begin, m_end) against the NG groups at g: the weight panel stays in cache across row tiles.
+template <int NG, int kMode>
+inline void x16_panel(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t g, float* dst,
+                      int64_t ds) {
+  int64_t m = m_begin;
+  for (; m + kX16Rows <= m_end; m += kX16Rows) x16_tile<kX16Rows, NG, kMode>(a, m, g, dst + (m - m_begin) * ds, ds);
+  if (m < m_end) x16_rest<NG, kMode>(a, m, m_end - m, g, dst + (m - m_begin) * ds, ds);
+}
+
+// A LinearBlockFn over an x16 layout; n_begin and n_end are multiples of 16 (the launcher's tasks).
+template <int kMode>
+void x16_block(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end,
+               float* dst, int64_t ds) {
+  int64_t g = n_begin / kX16Cols;
+  const int64_t g_end = n_end / kX16Cols;
+  for (; g + kX16Groups <= g_end; g += kX16Groups)
+    x16_panel<kX16Groups, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+  if constexpr (kX16Groups > 2) {
+    if (g + 2 <= g_end) {
+      x16_panel<2, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+      g += 2;
+    }
+  }
+  if constexpr (kX16Groups > 1) {
+    if (g < g_end) x16_panel<1, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+  }
+}
+
+void block_f32x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                  int64_t ds) {
+  x16_block<kX16F32>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_bf16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                   int64_t ds) {
+  x16_block<kX16Bf16Widen>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_bf16x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                       int64_t ds) {
+  x16_block<kX16Bf16Dot>(a, m0, m1, n0, n1, dst, ds);
+}
+
+}  // namespace PC_ISA_NAMESPACE
+}  // namespace kernels
+}  // namespace pagedcore
