@@ -53,7 +53,7 @@ Status check(const DecoderStackParams& p) {
     for (int i = 0; i < kNumStackLinears; ++i) {
       // A dense weight is read as the activations' dtype; the quantized formats carry their own.
       const WeightFormat f = w.format[i].value_or(dense_weight_format(p.dtype));
-      if (!is_quantized_format(f) && f != dense_weight_format(p.dtype))
+      if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype))  // (checkpoint or x16 layout)
         return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
                                " weight in a stack of " +
                                (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");

@@ -26,9 +26,10 @@ import torch
 
 from pagedcore.layers.attention import Attention, AttentionMetadata
 from pagedcore.layers.layernorm import RMSNorm
-from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear
+from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear, current_x16_weight
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
+from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS, packed_shape
 from pagedcore.ops.linear import max_rows
 from pagedcore.ops.quant_linear import FORMAT_ENUMS, INT8_FORMAT, QUANT_FORMATS, row_bytes
 
@@ -46,9 +47,10 @@ class LayerTensors:
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
     down: torch.Tensor  # [hidden, intermediate]
-    # Per linear (_LINEAR_FIELDS order): None for dense rows of the model dtype, or a quantized
-    # format of ops/quant_linear.py (the tensor is then that format's bytes: uint8 [N, row_bytes],
-    # int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
+    # Per linear (_LINEAR_FIELDS order): None for dense rows of the model dtype, its x16 repack
+    # ("f32x16" / "bf16x16", ops/dense_repack.py: the tensor is then the layer's _x16_weight), or a
+    # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
+    # [N, row_bytes], int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
     formats: tuple[str | None, ...] = (None, None, None, None)
     scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
     # Per linear: its LoRA hook (pagedcore.lora.LoRALayerWeights: the slot stacks a_t, b_t, ranks,
@@ -67,6 +69,8 @@ STACK_QUANT_FORMATS = frozenset(QUANT_FORMATS)
 # A quantized step calls the same kernel at every row count (there is no GEMM to hand large steps
 # to), so the stack takes steps of any size; the bound only keeps its activation buffers sane.
 QUANT_STACK_MAX_ROWS = 1 << 16
+# The dense x16 repacks likewise run their own kernel at every row count in the layers (X16_MAX_ROWS).
+_X16_NAMES = frozenset(X16_FORMATS.values())
 # Every tensor of a decoder layer the stack reads: parameter name -> LayerTensors field. A layer
 # parameter not named here (an o_proj bias, an adapter's matrices) is one the stack would ignore.
 _LAYER_PARAMS = {
@@ -191,6 +195,8 @@ def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
     if isinstance(linear.method, QuantLinearMethod):
         part = linear.quant_parts[0]
         return part.format, part.scales
+    if current_x16_weight(linear) is not None:
+        return X16_FORMATS[linear.weight.dtype], None
     return None, None
 
 
@@ -208,6 +214,10 @@ def layer_tensors(layer) -> LayerTensors:
     """The tensors the stack reads from one Llama-family decoder layer (None where absent)."""
     params = dict(layer.named_parameters())
     formats = [_linear_format(layer.get_submodule(name)) for name in _LINEAR_LEAVES]
+    for name in _LINEAR_LEAVES:  # a repacked dense weight: the stack reads the x16 copy the layer's kernel reads
+        packed = current_x16_weight(layer.get_submodule(name))
+        if packed is not None:
+            params[name + ".weight"] = packed
     return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()},
                         formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats),
                         lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in _LINEAR_LEAVES))
@@ -231,6 +241,8 @@ def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer:
         fmt = layer.formats[_LINEAR_FIELDS.index(field)]
         if fmt is not None:
             n, k = shape
+            if fmt in _X16_NAMES:
+                return packed_shape(n, k, dtype), dtype
             return ((n, k), torch.int8) if fmt == INT8_FORMAT else ((n, row_bytes(fmt, k)), torch.uint8)
     return shape, dtype
 
@@ -299,10 +311,10 @@ class DecoderStack:
         self.dtype = dtype
         self.hidden_size, self.head_dim, self.num_layers = hidden_size, head_dim, len(layers)
         self.num_kv_heads = num_kv_heads
-        # A dense layer hands steps past max_rows to a GEMM library (other rounding): only an all-quantized
-        # stack takes every step.
-        quantized = all(fmt is not None for layer in layers for fmt in layer.formats)
-        self.max_rows = QUANT_STACK_MAX_ROWS if quantized else max_rows(dtype)
+        # A dense layer hands steps past max_rows to a GEMM library (other rounding): only a stack whose
+        # every linear is quantized or x16-repacked (one kernel at every row count) takes every step.
+        own_kernel_only = all(fmt is not None for layer in layers for fmt in layer.formats)
+        self.max_rows = min(QUANT_STACK_MAX_ROWS, X16_MAX_ROWS) if own_kernel_only else max_rows(dtype)
         self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
         # The LoRA hooks' shared step batch (LoRABatchRef), or None without hooks; their slot stacks
         # are bound below (kept alive by the hooks, filled in place by the LoRAManager).
@@ -317,9 +329,11 @@ class DecoderStack:
                         for hook in layer.lora] for layer in layers]
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
-        formats = [[None if fmt is None else FORMAT_ENUMS[fmt] for fmt in layer.formats] for layer in layers]
+        enums = {**FORMAT_ENUMS, "f32x16": _core.WeightFormat.F32X16, "bf16x16": _core.WeightFormat.BF16X16}
+        formats = [[None if fmt is None else enums[fmt] for fmt in layer.formats] for layer in layers]
         scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
+        self._layers = layers  # keeps alive what the stack points at (x16 repacks are plain attributes of the layers)
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
                                          linear_formats=formats, linear_scales=scales,

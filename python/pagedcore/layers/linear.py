@@ -25,19 +25,23 @@ from torch import nn
 from pagedcore.layers.activation import silu_mul
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import linear as linear_ops
-from pagedcore.ops import linear_dispatch
+from pagedcore.ops import dense_repack, linear_dispatch
 from pagedcore.ops.onednn_linear import PrepackedWeight
 
 
 class KernelBinding:
     """A weight bound to the linear kernel for calls of up to `max_rows` rows, rebuilt when the
-    weight's memory or the activation dtype changes (model.to(), a reload into a new tensor)."""
+    weight's memory or the activation dtype changes (model.to(), a reload into a new tensor).
+    x16: the weight passed in is the layer's x16 repack (ops/dense_repack.py), whose kernel beats
+    the library GEMMs at every row count measured, so it takes every call."""
 
-    __slots__ = ("kernel", "max_rows", "silu_mul", "out_dtype")
+    __slots__ = ("kernel", "max_rows", "silu_mul", "out_dtype", "x16")
 
-    def __init__(self, weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None):
+    def __init__(self, weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None,
+                 x16: bool = False):
         self.kernel: linear_ops.LinearKernel | None = None
-        self.max_rows = linear_ops.max_rows(weight.dtype)
+        self.x16 = x16
+        self.max_rows = dense_repack.X16_MAX_ROWS if x16 else linear_ops.max_rows(weight.dtype)
         self.silu_mul = silu_mul
         self.out_dtype = out_dtype
 
@@ -48,9 +52,9 @@ class KernelBinding:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel = self.kernel
         if kernel is None or x.dtype is not kernel.x_dtype or not kernel.matches(weight):
-            self.max_rows = linear_ops.max_rows(weight.dtype)
+            self.max_rows = dense_repack.X16_MAX_ROWS if self.x16 else linear_ops.max_rows(weight.dtype)
             kernel = self.kernel = linear_ops.LinearKernel(
-                weight, bias, silu_mul=self.silu_mul, x_dtype=x.dtype, out_dtype=self.out_dtype)
+                weight, bias, silu_mul=self.silu_mul, x_dtype=x.dtype, out_dtype=self.out_dtype, x16=self.x16)
         return kernel(x)
 
 
@@ -115,7 +119,13 @@ class LinearMethod:
 
 class DenseLinearMethod(LinearMethod):
     """W stored as used: [out, in] in one float dtype. Few rows run the kernel (KernelBinding),
-    more rows the library GEMM the CPU's plan names (LibraryBinding; see the top of this file)."""
+    more rows the library GEMM the CPU's plan names (LibraryBinding; see the top of this file).
+
+    Where dense_repack.dense_repack_enabled() (AVX512-BF16 CPUs by default; PAGEDCORE_DENSE_REPACK),
+    process_weights_after_loading also keeps W repacked in its x16 layout (layer._x16_weight), and
+    every row count runs the outer-product kernel on it (no library GEMM, no oneDNN copy). The
+    checkpoint-layout W stays (for a GPU move, a reload, readers of layer.weight): +1x the weight
+    bytes where no oneDNN copy was kept (bf16), about even where one was (fp32 on AVX512-BF16)."""
 
     def __init__(self, format: str, dtype: torch.dtype):
         self.format = format
@@ -131,6 +141,8 @@ class DenseLinearMethod(LinearMethod):
         layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True)
         layer._library = LibraryBinding(layer.weight)
         layer._rows_loaded = set()  # (first row, rows) of the weight filled so far: prepack when complete
+        layer._x16_weight = None  # W in its x16 layout once processed (a plain attribute: not a parameter)
+        layer._x16_source = None  # _weight_identity() of the W it was packed from
 
     def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
              rows: tuple[int, int] | None) -> None:
@@ -144,27 +156,78 @@ class DenseLinearMethod(LinearMethod):
         target = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])  # rows: contiguous
         copy_weight(target, loaded, name)
         if param_name == "weight":
+            if layer._x16_weight is not None:  # a reload after processing: back to the checkpoint layout
+                self._use_x16(layer, None)
             # Prepack once the whole weight is in (a reload of any part packs it again).
             layer._rows_loaded.add(rows or (0, layer.out_features))
             layer._library.packed = None
             if sum(n for _, n in layer._rows_loaded) >= layer.out_features:
                 layer._library.prepack(layer.weight, layer.bias)
 
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        """Repacks W into its x16 layout where that is on and the shape allows (dense_repack)."""
+        weight = layer.weight
+        if not (dense_repack.dense_repack_enabled(self.dtype) and weight.is_cpu):
+            return
+        gate_up = isinstance(layer, MergedLinear) and len(layer.shard_rows) == 2
+        if dense_repack.x16_problem(weight) or (gate_up and dense_repack.x16_problem(weight, silu_mul=True)):
+            return  # the checkpoint layout, as before
+        self._use_x16(layer, dense_repack.pack_x16(weight.data))
+
+    @staticmethod
+    def _use_x16(layer: Linear, packed: torch.Tensor | None) -> None:
+        """Binds the layer's kernels to `packed` (W's x16 layout) or, with None, back to W as stored."""
+        layer._x16_weight = packed
+        layer._x16_source = _weight_identity(layer.weight) if packed is not None else None
+        x16 = packed is not None
+        layer._kernel = KernelBinding(layer.weight, out_dtype=layer.out_dtype, x16=x16)
+        layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True, x16=x16)
+        if x16:
+            layer._library.packed = None  # every row count runs the x16 kernel: no oneDNN copy
+        elif sum(n for _, n in layer._rows_loaded) >= layer.out_features:
+            layer._library.prepack(layer.weight, layer.bias)
+
+    @staticmethod
+    def _kernel_weight(layer: Linear, kernel: KernelBinding) -> torch.Tensor:
+        return layer._x16_weight if kernel.x16 else layer.weight
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if layer._x16_weight is not None:
+            current_x16_weight(layer)  # W replaced since the repack (module.to(), .data =): drop it
         kernel = layer._kernel
         if kernel.takes(x):
-            return kernel(x, layer.weight, layer.bias)  # [num_rows, in] -> [num_rows, out]
+            return kernel(x, self._kernel_weight(layer, kernel), layer.bias)  # [num_rows, in] -> [num_rows, out]
         y = layer._library(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
         return y if layer.out_dtype is None else y.to(layer.out_dtype)
 
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if layer._x16_weight is not None:
+            current_x16_weight(layer)
         # Few rows: one kernel call, SwiGLU in its epilogue (no [num_tokens, out] intermediate).
         kernel = layer._silu_mul_kernel
         if kernel.takes(x):
-            return kernel(x, layer.weight, layer.bias)
+            return kernel(x, self._kernel_weight(layer, kernel), layer.bias)
         gate_up = layer._library(x, layer.weight, layer.bias)  # [num_tokens, out]
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+
+
+def _weight_identity(weight: torch.Tensor) -> tuple:
+    """What changes when W is replaced or written in place: its memory, view, device and version."""
+    return weight.data_ptr(), weight.stride(), weight.device, weight._version
+
+
+def current_x16_weight(layer: Linear) -> torch.Tensor | None:
+    """The layer's x16 repack of W (DenseLinearMethod), or None: never repacked, or W was replaced
+    or written since (module.to(), weight.data = ..., an in-place copy), in which case the stale repack is dropped and the layer
+    runs the checkpoint layout again."""
+    packed = getattr(layer, "_x16_weight", None)
+    if packed is None:
+        return None
+    if layer._x16_source != _weight_identity(layer.weight):
+        DenseLinearMethod._use_x16(layer, None)
+        return None
+    return packed
 
 
 # Weight format name -> its method. The loader picks the name (loader/model_loader.py); the model

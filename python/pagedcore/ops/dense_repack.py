@@ -16,21 +16,35 @@ import os
 
 import torch
 
-__all__ = ["X16_FORMATS", "dense_repack_enabled", "pack_x16", "packed_shape", "unpack_x16", "x16_problem"]
+__all__ = ["DEFAULT_ON_ISAS", "X16_FORMATS", "X16_MAX_ROWS", "dense_repack_enabled", "pack_x16", "packed_shape", "unpack_x16", "x16_problem"]
 
 X16_COLS = 16
 # Weight dtype -> the x16 format name (the WeightFormat names F32X16, BF16X16 of the binding).
 X16_FORMATS = {torch.float32: "f32x16", torch.bfloat16: "bf16x16"}
 
 
+# Rows up to which a repacked layer (and a decoder stack of repacked layers) calls the x16 kernel:
+# every step (it matched or beat oneDNN at 256-512 rows, docs/performance.md "Dense x16 layouts");
+# the bound only keeps activation buffers sane, as the quantized stack's.
+X16_MAX_ROWS = 1 << 16
+# The GEMM_PLANS rows (ops/linear_dispatch.py gemm_isa) where repacking is on by default: measured
+# there. AVX2 / AVX-512 without BF16 run the kernel too but were not measured; on AMX CPUs oneDNN
+# uses the tiles, which this kernel does not.
+DEFAULT_ON_ISAS = frozenset({"avx512_bf16"})
+
+
 def dense_repack_enabled(dtype: torch.dtype) -> bool:
-    """Whether dense layers of `dtype` repack at load: PAGEDCORE_DENSE_REPACK=1 turns it on, 0 off.
-    Default off: on the Zen 4 machine the packed kernel did not beat the checkpoint-layout one by the
-    margin the switch asks for (docs/performance.md "Dense x16 layouts")."""
-    env = os.environ.get("PAGEDCORE_DENSE_REPACK", "0")
-    if env not in ("0", "1"):
+    """Whether dense layers of `dtype` repack at load: PAGEDCORE_DENSE_REPACK=1 turns it on, 0 off;
+    unset, on where the CPU's GEMM_PLANS row is in DEFAULT_ON_ISAS."""
+    env = os.environ.get("PAGEDCORE_DENSE_REPACK")
+    if env not in (None, "0", "1"):
         raise ValueError(f"PAGEDCORE_DENSE_REPACK={env!r}; set 1 (repack dense weights at load) or 0 (keep them)")
-    return env == "1" and dtype in X16_FORMATS
+    if dtype not in X16_FORMATS:
+        return False
+    if env is not None:
+        return env == "1"
+    from pagedcore.ops.linear_dispatch import gemm_isa
+    return gemm_isa() in DEFAULT_ON_ISAS
 
 
 def x16_problem(weight: torch.Tensor, silu_mul: bool = False) -> str:
