@@ -41,6 +41,7 @@ bool dense(WeightFormat f) {
 }
 bool x16(WeightFormat f) { return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16; }
 constexpr int64_t kX16Cols = 16;  // output columns per group of the x16 layouts
+constexpr int64_t kX16TaskCols = 48;  // columns of the AVX-512 x16 register tile (dense_x16_impl.h)
 // Bytes of one weight row of K elements in a dense format (the x16 layouts hold the same bytes).
 int64_t weight_row_bytes(WeightFormat f, int64_t K) {
   return K * (f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseF32x16 ? 4 : 2);
@@ -306,7 +307,10 @@ Status linear(const LinearParams& p, Isa isa) {
       const int64_t balance = (out_cols + kTasksPerThread * threads - 1) / (kTasksPerThread * threads);
       n_chunk = std::min(balance, std::max<int64_t>(8, kTaskWeightBytes / row_bytes));
     }
-    const int64_t align = x16(p.weight_format) ? kX16Cols : 8;  // x16: whole column groups per task
+    // x16: whole column groups per task, and at least one full 3-group register tile when many rows
+    // share the task (a 1-group tile loads a weight vector per 8 FMAs instead of per 24).
+    if (x16(p.weight_format) && !stream) n_chunk = std::max(n_chunk, kX16TaskCols);
+    const int64_t align = x16(p.weight_format) ? kX16Cols : 8;
     n_chunk = std::max<int64_t>(align, (n_chunk + align - 1) / align * align);
   }
   if (x16(p.weight_format) && n_chunk % kX16Cols != 0)
