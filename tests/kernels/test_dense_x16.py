@@ -80,10 +80,10 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(isa, dtype):
     (the decoder stack and the layer loop run different step sizes through the same kernel)."""
     torch.manual_seed(0)
     w = pack_x16(torch.randn(208, 200).to(dtype))  # 13 groups: 3-group panels and a 1-group rest
-    x = torch.randn(20, 200).to(dtype)
+    x = torch.randn(40, 200).to(dtype)
     kernel = linear_ops.LinearKernel(w, out_dtype=torch.float32, isa=isa, x16=True)
-    alone = torch.cat([kernel(x[r:r + 1].contiguous()) for r in range(20)])  # [20, 208]
-    for M in list(range(2, 11)) + [17, 20]:
+    alone = torch.cat([kernel(x[r:r + 1].contiguous()) for r in range(40)])  # [40, 208]
+    for M in list(range(2, 11)) + [17, 32, 33, 40]:  # across linear.cc's 32-row streaming switch
         assert torch.equal(kernel(x[:M].contiguous()), alone[:M]), f"{M} rows"
     try:
         _core.set_linear_tuning(16, 5)  # many small tasks: other threads, other tile remainders
