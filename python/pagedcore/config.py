@@ -60,7 +60,7 @@ class EngineConfig:
     model: str | None = None                 # HF folder or .gguf file; None = the bundled default
     dtype: str = "auto"                      # weights, activations and KV cache: auto | float32 | bfloat16
                                              # (auto: a GGUF keeps its blocks, fp32 activations; an HF folder,
-                                             # or any model on a GPU, float32)
+                                             # or any model on a GPU or with tensor parallelism, float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
     # vLLM's --kv-cache-dtype: auto | float32 | bfloat16. auto is the activations' dtype, except for a GGUF
     # run as stored in-process on the CPU, whose fp32 activations get a bf16 cache (half the cache's bytes
@@ -110,8 +110,10 @@ class EngineConfig:
             self.dtype = "bfloat16"
         if self.dtype not in (*_DTYPES, "auto"):
             fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
-        if self.dtype == "auto" and self.device != "cpu" and self.quantization is None:
-            # The quantized kernels run on the CPU only: on a GPU a GGUF is dequantised, as before.
+        if self.dtype == "auto" and self.quantization is None and (
+                self.device != "cpu" or self.tensor_parallel_size > 1):
+            # The quantized kernels run on the CPU only and tensor parallelism shards dense weights
+            # only: there a GGUF is dequantised to float32 (an HF folder is float32 under auto anyway).
             self.dtype = "float32"
         self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}.get(
             self.kv_cache_dtype, self.kv_cache_dtype)

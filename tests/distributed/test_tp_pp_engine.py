@@ -99,7 +99,7 @@ def test_default_model_equals_one_process(layout):
     """SmolLM2-135M (9 query / 3 KV heads: TP=2 splits them 6 + 3) dequantised to fp32."""
     prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
                "The capital of France is a city where"]   # shares a prefix with the first
-    settings = dict(max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=5,
+    settings = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=5,
                     preemption_mode="swap" if layout == "tp2" else "recompute", swap_space="64MiB")
     reference = LLM(**settings)
     tok = reference.get_tokenizer()
@@ -121,7 +121,7 @@ def tp2_server(request):
     """`pagedcore serve` with TP=2, then with PP=2 (the tests using it run once per layout)."""
     flag, size, started = SERVE_LAYOUTS[request.param]
     grpc_port = free_port()
-    server = ServerProcess(flag, size, "--grpc-port", str(grpc_port))
+    server = ServerProcess(flag, size, "--dtype", "float32", "--grpc-port", str(grpc_port))
     server.grpc_port = grpc_port
     server.started_line = f"started 2 rank(s) ({started})"
     try:
@@ -135,7 +135,7 @@ def tp2_server(request):
 def one_process_texts():
     from tests.serving.http_helpers import MAX_MODEL_LEN
 
-    llm = LLM(kv_cache_memory="256MiB", max_model_len=MAX_MODEL_LEN)
+    llm = LLM(dtype="float32", kv_cache_memory="256MiB", max_model_len=MAX_MODEL_LEN)
     outputs = llm.generate(["The capital of France is", "Hello, my name is"],
                            SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     return [o.outputs[0].text for o in outputs]

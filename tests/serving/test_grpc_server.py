@@ -332,7 +332,8 @@ def test_cancelled_stream_aborts_and_frees_its_blocks(stub, async_engine):
 
 def test_deadline_exceeded_aborts_and_frees_its_blocks(stub, async_engine):
     with pytest.raises(grpc.RpcError) as expired:
-        stub.Generate(batch(PROMPTS, greedy(200)), timeout=1.5)
+        # 900 tokens each, no early EOS: several seconds even for the Q4_1 default model
+        stub.Generate(batch(PROMPTS, greedy(900, min_new_tokens=900)), timeout=1.5)
     assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     snap = wait_idle(async_engine)
     assert snap.kv_cache_usage == 0
