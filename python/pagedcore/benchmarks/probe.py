@@ -8,8 +8,9 @@ hooks), compute_logits (an instance attribute that shadows the method) and the a
 Cost: ~64 perf_counter pairs per step (two attention kernels x 30 layers + 2), a few microseconds.
 With ops=True every Linear (and the gate/up SwiGLU call) is timed as well (~120 more hook pairs,
 ~0.5 ms a step): use it only to see the split, not for headline figures. Steps small enough for the
-C++ decoder stack (layers/decoder_stack.py) run no Python layers or attention calls: their
-attention and linears are not in these timers (bench/bench_decode.py splits them).
+C++ decoder stack (layers/decoder_stack.py) run no Python layers or attention calls; with ops=True
+the stack's own op timers (DecoderStack.set_profiling) add its linears (qkv, o_proj, gate_up, down)
+and attention (+ cache writes) to the step's record, so the split covers both paths.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class StepProbe:
         self._handles = []
         self._originals = {}
         self._t_model = 0.0
+        self._profiled_stack = None   # the decoder stack whose op timers this probe turned on
 
     # -- timers ------------------------------------------------------------------------------------
     def _timed(self, key, fn):
@@ -57,7 +59,23 @@ class StepProbe:
 
         return module.register_forward_pre_hook(pre), module.register_forward_hook(post)
 
+    def _stack_seconds(self) -> None:
+        """Adds the decoder stack's op seconds since the last step (ops=True) to this step's timers."""
+        model = self.engine.view.model
+        stack = getattr(getattr(model, "model", model), "_stack", None)   # LlamaForCausalLM.model holds it
+        if not self.ops or stack is None:
+            return
+        if stack is not self._profiled_stack:   # built (or rebuilt) since: time it from now on
+            stack.set_profiling(True)
+            stack.profile(reset=True)
+            self._profiled_stack = stack
+            return
+        seconds = stack.profile(reset=True)
+        self._acc["linears"] += sum(seconds.get(op, 0.0) for op in ("qkv", "o_proj", "gate_up", "down"))
+        self._acc["attention"] += seconds.get("attention", 0.0) + seconds.get("cache_write", 0.0)
+
     def _listener(self, _out, _result, timing):
+        self._stack_seconds()
         rec = dict(timing)
         rec.update(self._acc)
         rec["input_prep"] = max(0.0, timing["forward"] - self._acc["model_forward"] - self._acc["lm_head"])
@@ -91,6 +109,7 @@ class StepProbe:
                     module.forward_silu_mul = self._timed("linears", module.forward_silu_mul)
                     self._silu_mul_modules.append(module)
         self.engine.view.add_step_listener(self._listener)
+        self._stack_seconds()   # a stack built by the warm-up: its timers start now
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,6 +123,9 @@ class StepProbe:
         for name in _KERNELS:
             setattr(kernels, name, self._originals[name])
         self.engine.view.remove_step_listener(self._listener)
+        if self._profiled_stack is not None:
+            self._profiled_stack.set_profiling(False)
+            self._profiled_stack = None
 
     def take(self) -> list[dict]:
         """Returns the records so far and starts a new list."""

@@ -152,7 +152,7 @@ def format_result(r: dict) -> str:
         f"({100 * r['attention_seconds'] / r['wall_seconds']:.1f} % of wall)",
     ]
     if "linear_seconds" in r:
-        lines.append(f"  linears (layer-loop steps; stack steps in bench_decode): {r['linear_seconds']:.2f} s "
+        lines.append(f"  linears (layer loop and decoder stack): {r['linear_seconds']:.2f} s "
                      f"({100 * r['linear_seconds'] / r['wall_seconds']:.1f} % of wall)")
     if r.get("step_sizes"):
         lines.append("  by step size (tokens per step; layer GFLOP/s = the tokens' linear FLOPs over the "
