@@ -176,7 +176,12 @@ def test_dispatch_report_lists_every_family(caplog):
         assert report.get(family), family
     isa = linear_isa.auto_isa()
     assert isa in report["cpu"] and isa in report["dense linear kernel"]
+    from pagedcore.ops.dense_repack import dense_repack_enabled
+
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        if dense_repack_enabled(dtype):   # x16 layers run our kernel at every row count
+            assert f"{name}x16 repacked at load" in report[f"dense {name} GEMM plan"]
+            continue
         plan = linear_dispatch.gemm_plan(dtype)
         assert f"up to {plan.kernel_max_rows} rows" in report[f"dense {name} GEMM plan"]
         assert plan.library in report[f"dense {name} GEMM plan"]

@@ -148,7 +148,8 @@ def format_result(r: dict) -> str:
         "",
         f"Per-step breakdown ({r['breakdown']['num_steps']} steps, share of wall):",
         stats.format_breakdown(r["breakdown"]),
-        f"  attention kernels (layer-loop steps; stack steps in bench_decode): {r['attention_seconds']:.2f} s "
+        f"  attention kernels ({'layer loop and decoder stack' if 'linear_seconds' in r else 'layer-loop steps; the decoder stack with --profile-ops'}): "
+        f"{r['attention_seconds']:.2f} s "
         f"({100 * r['attention_seconds'] / r['wall_seconds']:.1f} % of wall)",
     ]
     if "linear_seconds" in r:

@@ -106,7 +106,13 @@ def dispatch_report() -> list[tuple[str, str]]:
         ("quantized linear", f"{_quant_variant(isa)} (GGUF blocks / int8 per channel)"),
         ("quantized layout", _repack_report()),
     ]
+    from pagedcore.ops.dense_repack import dense_repack_enabled
+
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        if dense_repack_enabled(dtype):   # every row count runs the x16 kernel: no library hand-off
+            rows.append((f"dense {name} GEMM plan", f"{name}x16 repacked at load: our kernel at every row count "
+                         "(PAGEDCORE_DENSE_REPACK=0: the checkpoint layout and the library plan)"))
+            continue
         plan = gemm_plan(dtype)
         measured = not plan.measured.startswith("not measured")
         source = "measured on " + plan.measured.split(" (")[0] if measured else "not measured here"
