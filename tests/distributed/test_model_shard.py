@@ -19,7 +19,7 @@ import torch
 
 from pagedcore.distributed.model_shard import check_shardable, load_model_shard
 from pagedcore.distributed.rank import ParallelLayout
-from pagedcore.layers.decoder_stack import TENSOR_PARALLEL_REASON
+from pagedcore.layers.decoder_stack_support import TENSOR_PARALLEL_REASON
 from pagedcore.layers.layernorm import RMSNorm
 from pagedcore.loader import load_model
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pagedcore.layers.decoder_stack import decoder_stack_support
+from pagedcore.layers.decoder_stack_support import decoder_stack_support
 from pagedcore.layers.linear import DenseLinearMethod, Linear
 from pagedcore.loader import load_model
 

@@ -7,9 +7,7 @@ linear kernel, fused RMSNorm and RoPE, reshape_and_cache, paged_attention), one 
 
 The model builds a DecoderStack from its layers' tensors once (weights must stay put: `matches`
 tells when they moved) and calls it for steps of at most `max_rows` tokens, but only where
-decoder_stack_support() says the stack runs everything the layers do: the stack reads raw weight
-pointers, so a feature added to the Python layers (an adapter, a weight format, a bias, a module)
-would otherwise be skipped without a word.
+decoder_stack_support() (layers/decoder_stack_support.py) says the stack runs everything the layers do.
 
 Multi-LoRA (--enable-lora): each linear's adapter hook (pagedcore.lora.LoRALayerWeights) has slot
 stacks the LoRAManager fills in place, so the stack binds their pointers once, like the weights;
@@ -20,18 +18,16 @@ the C++ side adds the adapter terms after each linear with the kernel the hooks 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
-from pagedcore.layers.attention import Attention, AttentionMetadata
-from pagedcore.layers.layernorm import RMSNorm
-from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear, current_x16_weight
+from pagedcore.layers.attention import AttentionMetadata
+from pagedcore.layers.linear import Linear, current_x16_weight
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
-from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS, packed_shape
+from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS
 from pagedcore.ops.linear import max_rows
-from pagedcore.ops.quant_linear import FORMAT_ENUMS, INT8_FORMAT, QUANT_FORMATS, row_bytes
+from pagedcore.ops.quant_linear import FORMAT_ENUMS
 
 
 @dataclasses.dataclass
@@ -47,7 +43,7 @@ class LayerTensors:
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
     down: torch.Tensor  # [hidden, intermediate]
-    # Per linear (_LINEAR_FIELDS order): None for dense rows of the model dtype, its x16 repack
+    # Per linear (LINEAR_FIELDS order): None for dense rows of the model dtype, its x16 repack
     # ("f32x16" / "bf16x16", ops/dense_repack.py: the tensor is then the layer's _x16_weight), or a
     # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
     # [N, row_bytes], int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
@@ -58,136 +54,21 @@ class LayerTensors:
     lora: tuple[object | None, ...] = (None, None, None, None)
 
 
-# What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
-# Rope scaling of any kind is in: the stack reads the cos/sin rows the Python RotaryEmbedding made.
-STACK_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 # Model dtype -> the dense weight format the stack reads at that dtype (dense, its dtype code).
 STACK_WEIGHT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-# Quantized linear layers (layers/linear_quant.py) of one format over all their rows run in the
-# stack too, by the same kernels: ops/quant_linear.py's formats.
-STACK_QUANT_FORMATS = frozenset(QUANT_FORMATS)
 # A quantized step calls the same kernel at every row count (there is no GEMM to hand large steps
 # to), so the stack takes steps of any size; the bound only keeps its activation buffers sane.
 QUANT_STACK_MAX_ROWS = 1 << 16
-# The dense x16 repacks likewise run their own kernel at every row count in the layers (X16_MAX_ROWS).
-_X16_NAMES = frozenset(X16_FORMATS.values())
 # Every tensor of a decoder layer the stack reads: parameter name -> LayerTensors field. A layer
 # parameter not named here (an o_proj bias, an adapter's matrices) is one the stack would ignore.
-_LAYER_PARAMS = {
+LAYER_PARAMS = {
     "input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
     "self_attn.qkv_proj.weight": "qkv", "self_attn.qkv_proj.bias": "qkv_bias", "self_attn.o_proj.weight": "o_proj",
     "mlp.gate_up_proj.weight": "gate_up", "mlp.down_proj.weight": "down",
 }
-_LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-_LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of _LINEAR_LEAVES, the binding's order
-_NORM_LEAVES = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
-# Why a tensor-parallel shard runs the layer loop: the stack runs every layer in one call, but each
-# layer's o_proj and down_proj outputs must be summed over the ranks before the next op.
-TENSOR_PARALLEL_REASON = "tensor parallel: the all-reduce sits between layers"
-
-
-@dataclasses.dataclass(frozen=True)
-class StackSupport:
-    """Whether the stack runs a model's layers; reason says why not ("" when it does)."""
-
-    supported: bool
-    reason: str = ""
-
-
-def decoder_stack_support(config, layers) -> StackSupport:
-    """Can DecoderStack run these layers (the Llama family's decoder layers, `config` a ModelConfig)
-    exactly as their Python forward does? Rules, in order:
-      switch      PAGEDCORE_DECODER_STACK is not "0"
-      parallel    no tensor-parallel layer (RowParallelLinear: an all-reduce inside the layer)
-      model       an architecture in STACK_ARCHITECTURES; fp32 or bf16; one layer per config layer
-      modules     each layer's leaf modules are exactly the known ones, of exactly their classes
-                  (RMSNorm, Linear, MergedLinear, Attention, and a linear's LoRA hook, whose slot
-                  stacks the stack binds and runs), q_norm and k_norm both or neither: a wrapper or
-                  new module is something the stack would skip
-      tensors     the layer's parameters are those in _LAYER_PARAMS (bias on qkv only), no buffers
-      formats     every Linear has the dense method of the model dtype, or is quantized in one
-                  format over all its rows (QuantLinearMethod with one part), and the layer dtype out
-      constants   norms use config.rms_norm_eps; attention scale and head counts as layer 0's
-      placement   every tensor a contiguous CPU tensor of the model dtype and the expected shape
-    """
-    if os.environ.get("PAGEDCORE_DECODER_STACK", "1") == "0":
-        return StackSupport(False, "turned off by PAGEDCORE_DECODER_STACK=0")
-    if any(isinstance(module, RowParallelLinear) for layer in layers for module in layer.modules()):
-        return StackSupport(False, TENSOR_PARALLEL_REASON)
-    if config.architecture not in STACK_ARCHITECTURES:
-        return StackSupport(False, f"architecture {config.architecture} is not one the stack runs "
-                                   f"({sorted(STACK_ARCHITECTURES)})")
-    dtype = config.torch_dtype
-    if dtype not in STACK_WEIGHT_FORMATS:
-        return StackSupport(False, f"dtype {dtype}; the stack runs {sorted(STACK_WEIGHT_FORMATS.values())}")
-    if len(layers) != config.num_layers or not layers:
-        return StackSupport(False, f"{len(layers)} layers for a config of {config.num_layers}")
-    from pagedcore.lora.layer_weights import LoRALayerWeights
-
-    leaf_class = {**dict.fromkeys(_NORM_LEAVES, RMSNorm), "self_attn.attn": Attention,
-                  # An adapter hook (--enable-lora): the stack adds its terms after the linear.
-                  **{f"{name}.lora": LoRALayerWeights for name in _LINEAR_LEAVES},
-                  "self_attn.qkv_proj": MergedLinear, "self_attn.o_proj": Linear,
-                  "mlp.gate_up_proj": MergedLinear, "mlp.down_proj": Linear}
-    scale = layers[0].self_attn.attn.scale
-    tensors = []
-    for index, layer in enumerate(layers):
-        where = f"layer {index}"
-        # Leaf modules, and the linears even with an adapter hook (their one child) attached.
-        leaves = {name: module for name, module in layer.named_modules()
-                  if not any(module.children()) or name in _LINEAR_LEAVES}
-        for name, module in leaves.items():
-            if type(module) is not leaf_class.get(name):
-                return StackSupport(False, f"{where} has {name} ({type(module).__name__}), which the stack "
-                                           "does not run")
-        if ("self_attn.q_norm" in leaves) != ("self_attn.k_norm" in leaves):
-            return StackSupport(False, f"{where} has only one of q_norm and k_norm")
-        extra = [name for name, _ in layer.named_parameters() if name not in _LAYER_PARAMS]
-        extra += [name for name, _ in layer.named_buffers() if ".lora." not in name]  # the adapter stacks
-        if extra:
-            return StackSupport(False, f"{where} has {extra}, which the stack does not read (its tensors: "
-                                       "the norms, qkv weight and bias, o_proj, gate_up and down weights)")
-        for name in _LINEAR_LEAVES:
-            linear = leaves.get(name)
-            if linear is None:
-                return StackSupport(False, f"{where} lacks {name}")
-            problem = _linear_format_problem(linear, dtype)
-            if problem:
-                return StackSupport(False, f"{where} {name} {problem}")
-        norm_eps = {leaves[name].eps for name in _NORM_LEAVES if name in leaves}
-        if norm_eps != {config.rms_norm_eps}:
-            return StackSupport(False, f"{where} has RMSNorm eps {sorted(norm_eps)}, not the config's "
-                                       f"{config.rms_norm_eps}")
-        attn = leaves["self_attn.attn"]
-        if (attn.scale, attn.num_heads, attn.num_kv_heads, attn.head_dim) != (
-                scale, config.num_heads, config.num_kv_heads, config.head_dim):
-            return StackSupport(False, f"{where} attention differs from the stack's one shape and scale")
-        tensors.append(layer_tensors(layer))
-    problem = _tensor_problem(tensors, _shapes(config.hidden_size, config.num_heads, config.num_kv_heads,
-                                               config.head_dim, config.intermediate_size), dtype)
-    return StackSupport(False, problem) if problem else StackSupport(True)
-
-
-def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
-    """Why the stack cannot run this linear layer as the Python layer does ("" if it can)."""
-    if linear.out_dtype is not None:
-        return f"returns {linear.out_dtype}, not the layer dtype"
-    if isinstance(linear.method, QuantLinearMethod):
-        parts = linear.quant_parts
-        if len(parts) != 1 or parts[0].num_rows != linear.out_features:
-            return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs one format per "
-                    "layer (a file that mixes block types inside one fused layer runs the Python layer loop)")
-        fmt = parts[0].format
-        if fmt in STACK_QUANT_FORMATS:
-            return ""
-        # A float tensor of a quantized file runs torch's F.linear in the layer (other rounding than the
-        # stack's dense kernel): rare in real files (llama.cpp quantizes every matrix), so not worth a rule.
-        return f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs {sorted(STACK_QUANT_FORMATS)}"
-    if linear.method.format != STACK_WEIGHT_FORMATS[dtype]:
-        return (f"has weight format {linear.method.format!r}; the stack reads {STACK_WEIGHT_FORMATS[dtype]!r} or "
-                f"{sorted(STACK_QUANT_FORMATS)}")
-    return ""
+LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of LINEAR_LEAVES, the binding's order
 
 
 def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
@@ -203,7 +84,7 @@ def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
 def lora_batch_of(layers) -> object | None:
     """The LoRABatchRef the layers' adapter hooks share (pagedcore.lora), or None without adapters."""
     for layer in layers:
-        for name in _LINEAR_LEAVES:
+        for name in LINEAR_LEAVES:
             hook = getattr(layer.get_submodule(name), "lora", None)
             if hook is not None:
                 return hook.batch_ref
@@ -213,17 +94,17 @@ def lora_batch_of(layers) -> object | None:
 def layer_tensors(layer) -> LayerTensors:
     """The tensors the stack reads from one Llama-family decoder layer (None where absent)."""
     params = dict(layer.named_parameters())
-    formats = [_linear_format(layer.get_submodule(name)) for name in _LINEAR_LEAVES]
-    for name in _LINEAR_LEAVES:  # a repacked dense weight: the stack reads the x16 copy the layer's kernel reads
+    formats = [_linear_format(layer.get_submodule(name)) for name in LINEAR_LEAVES]
+    for name in LINEAR_LEAVES:  # a repacked dense weight: the stack reads the x16 copy the layer's kernel reads
         packed = current_x16_weight(layer.get_submodule(name))
         if packed is not None:
             params[name + ".weight"] = packed
-    return LayerTensors(**{field: params.get(name) for name, field in _LAYER_PARAMS.items()},
+    return LayerTensors(**{field: params.get(name) for name, field in LAYER_PARAMS.items()},
                         formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats),
-                        lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in _LINEAR_LEAVES))
+                        lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in LINEAR_LEAVES))
 
 
-def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+def stack_shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
             intermediate_size: int) -> dict[str, tuple[int, ...]]:
     """LayerTensors field -> the shape the stack reads it with."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
@@ -233,79 +114,21 @@ def _shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
             "gate_up": (2 * intermediate_size, hidden_size), "down": (hidden_size, intermediate_size)}
 
 
-def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer: LayerTensors
-                  ) -> tuple[tuple[int, ...], torch.dtype]:
-    """The shape and dtype a field's tensor is stored with: a quantized linear weight [N, K] is N
-    rows of its format's bytes."""
-    if field in _LINEAR_FIELDS:
-        fmt = layer.formats[_LINEAR_FIELDS.index(field)]
-        if fmt is not None:
-            n, k = shape
-            if fmt in _X16_NAMES:
-                return packed_shape(n, k, dtype), dtype
-            return ((n, k), torch.int8) if fmt == INT8_FORMAT else ((n, row_bytes(fmt, k)), torch.uint8)
-    return shape, dtype
-
-
-def _tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> str:
-    """Why the stack cannot read these tensors ("" if it can)."""
-    for index, layer in enumerate(layers):
-        for field, logical_shape in shapes.items():
-            t = getattr(layer, field)
-            if t is None:
-                continue
-            try:
-                shape, want = _stored_shape(field, logical_shape, dtype, layer)
-            except ValueError as e:  # K not a multiple of the format's block
-                return f"layer {index} {field}: {e}"
-            if t.shape != shape or t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
-                return (f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: "
-                        f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
-        for fmt, scales, field in zip(layer.formats, layer.scales, _LINEAR_FIELDS):
-            rows = shapes[field][0]
-            if (fmt == INT8_FORMAT) != (scales is not None) or (scales is not None and (
-                    scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
-                return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
-        if (layer.q_norm is None) != (layer.k_norm is None):
-            return f"layer {index}: q_norm and k_norm come together"
-        for hook, field in zip(layer.lora, _LINEAR_FIELDS):
-            problem = _lora_problem(hook, *shapes[field])
-            if problem:
-                return f"layer {index} {field} LoRA stacks: {problem}"
-    return ""
-
-
-def _lora_problem(hook, out_features: int, in_features: int) -> str:
-    """Why the stack cannot read a linear's LoRA slot stacks ("" if it can, or there is no hook)."""
-    if hook is None:
-        return ""
-    a_t, b_t, ranks, starts = hook.a_t, hook.b_t, hook.ranks, hook.slice_starts
-    num_slots, sr = a_t.shape[0], hook.num_slices * hook.max_rank
-    want = {"a_t": (a_t, torch.float32, (num_slots, in_features, sr)),
-            "b_t": (b_t, torch.float32, (num_slots, sr, out_features)),
-            "ranks": (ranks, torch.int32, (num_slots, hook.num_slices)),
-            "slice_starts": (starts, torch.int32, (hook.num_slices + 1,))}
-    for name, (t, dtype, shape) in want.items():
-        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
-            return (f"{name} is {tuple(t.shape)} {t.dtype} on {t.device}; the stack reads a contiguous CPU "
-                    f"{dtype} tensor of shape {shape}")
-    return ""
-
-
 class DecoderStack:
     def __init__(self, layers: list[LayerTensors], *, hidden_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float,
                  lora_batch=None):
         from pagedcore import _core
+        from pagedcore.layers.decoder_stack_support import tensor_problem  # it imports this module
 
         dtype = layers[0].input_norm.dtype  # the activations' (quantized weights carry their own format)
         if dtype not in _DTYPE_CODE:
             raise TypeError(f"DecoderStack runs fp32 or bf16 activations, not {dtype}")
-        shapes = _shapes(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size)
-        problem = _tensor_problem(layers, shapes, dtype)
+        shapes = stack_shapes(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size)
+        problem = tensor_problem(layers, shapes, dtype)
         if problem:
             raise ValueError(problem)
-        # One row of pointers per layer, in _shapes' field order (the binding's); 0 = absent.
+        # One row of pointers per layer, in stack_shapes' field order (the binding's); 0 = absent.
         ptrs = [[0 if getattr(layer, field) is None else getattr(layer, field).data_ptr() for field in shapes]
                 for layer in layers]
         self.dtype = dtype

@@ -24,8 +24,8 @@ from torch import nn
 from pagedcore.distributed.intermediate_tensors import IntermediateTensors
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
-from pagedcore.layers.decoder_stack import (DecoderStack, StackSupport, decoder_stack_support, layer_tensors,
-                                             lora_batch_of)
+from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_batch_of
+from pagedcore.layers.decoder_stack_support import StackSupport, decoder_stack_support
 from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
