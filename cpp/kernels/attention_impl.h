@@ -16,15 +16,19 @@
 //
 // bf16 blocks are widened to fp32 in registers when a tile has at most 4 rows (decode), or once
 // per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place.
+// A bf16 query over a bf16 cache on a CPU with pair dot products (AVX512-BF16, or its emulation)
+// takes the tiles of attention_dot_tiles.h instead: bf16 operands as stored, no widening.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including attention_impl.h"
 #endif
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/attention_kernel.h"
 #include "kernels/attention_tiles.h"  // V, R, W and the register tiles, in this ISA namespace
+#include "kernels/attention_dot_tiles.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -63,6 +67,10 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   float* m_run = scratch + layout.m;   // [M]
   float* l_run = scratch + layout.l;   // [M]
   float* alpha = scratch + layout.alpha;  // [M]
+  constexpr bool kDotIsa = V::kHasDotBf16 && W == 16;
+  const bool dot = kDotIsa && p.cache_dtype == DType::kBFloat16 && p.q_dtype == DType::kBFloat16 && D % 32 == 0;
+  uint16_t* Qb = reinterpret_cast<uint16_t*>(scratch + layout.qb);  // [M, D] bf16 query rows, unscaled
+  uint16_t* Pb = reinterpret_cast<uint16_t*>(scratch + layout.pb);  // [M, s_stride] bf16 probabilities
 
   // Tile row m = r * group + h  <-  query[q_begin + row_begin + r, g * group + h, :] * scale
   for (int64_t r = 0; r < rows; ++r) {
@@ -73,7 +81,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const void* src = p.q_dtype == DType::kFloat32
                             ? static_cast<const void*>(static_cast<const float*>(p.query) + off)
                             : static_cast<const void*>(static_cast<const uint16_t*>(p.query) + off);
-      load_row<kD>(src, p.q_dtype, Qs + (r * group + h) * D, p.scale, D);
+      if (dot) std::memcpy(Qb + (r * group + h) * D, src, D * sizeof(uint16_t));  // scaled in qk_dot_row
+      else load_row<kD>(src, p.q_dtype, Qs + (r * group + h) * D, p.scale, D);
     }
   }
   for (int64_t m = 0; m < M; ++m) {
@@ -101,7 +110,7 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     const int64_t m0 = first_row * group;
     // Few rows (decode): widen bf16 inside the loops, each element is used by at most 4 rows.
     // Many rows (prefill tiles): widen each block once into the staging buffers.
-    const bool stage = bf16_cache && M - m0 > 4;
+    const bool stage = bf16_cache && M - m0 > 4 && !dot;
     const int64_t elem = bf16_cache ? 2 : 4;
     // Plane offset (elements) of the block holding chunk column `col` of the next chunk, or -1.
     auto next_plane = [&](int64_t col) -> int64_t {
@@ -117,6 +126,16 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const int64_t ahead = next_plane(col);
       // The next chunk's plane, prefetched by the first row tile as it goes (nullptr: none).
       const char* k_ahead = ahead >= 0 ? static_cast<const char*>(p.key_cache) + ahead * elem : nullptr;
+      if constexpr (kDotIsa) {
+        if (dot) {
+          const uint16_t* Kb = static_cast<const uint16_t*>(p.key_cache) + base;
+          for (int64_t m = m0; m < M; ++m)
+            for (int64_t j = 0; j < n; j += 16)
+              qk_dot_row<kD>(Qb + m * D, Kb + j * D, imin(16, n - j), D, p.scale, S + m * s_stride + col + j,
+                             m == m0 && k_ahead ? k_ahead + j * D * elem : nullptr);
+          continue;
+        }
+      }
       if (!bf16_cache) {
         const float* Kb = static_cast<const float*>(p.key_cache) + base;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
@@ -140,6 +159,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const int64_t pos = first_pos + m / group;
       const int64_t n_visible = imin(n_chunk, pos - chunk_start + 1);
       alpha[m] = softmax_row(S + m * s_stride, n_visible, n_padded, m_run + m, l_run + m);
+      if (dot)
+        for (int64_t j = 0; j < n_padded; j += W) V::store_bf16(Pb + m * s_stride + j, V::load(S + m * s_stride + j));
     }
     for (int64_t col = 0; col < n_chunk; col += BS) {
       const int64_t b = (chunk_start + col) / BS;
@@ -148,6 +169,15 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const int64_t ahead = next_plane(col);
       const char* v_ahead = ahead >= 0 ? static_cast<const char*>(p.value_cache) + ahead * elem : nullptr;
       const float* rescale = col == 0 ? alpha : nullptr;
+      if constexpr (kDotIsa) {
+        if (dot) {
+          const uint16_t* Vb = static_cast<const uint16_t*>(p.value_cache) + base;
+          for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+            pv_dot(mr, Pb, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
+          });
+          continue;
+        }
+      }
       if (!bf16_cache) {
         const float* Vb = static_cast<const float*>(p.value_cache) + base;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
@@ -168,6 +198,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     }
   }
 
+  if (dot)
+    for (int64_t m = 0; m < M; ++m) unpermute_pairs(acc + m * D, D);
   if (item.partial_index >= 0) {
     const int64_t k = static_cast<int64_t>(item.partial_index) * layout.max_rows;
     for (int64_t m = 0; m < M; ++m) {

@@ -44,6 +44,8 @@ struct AttentionScratchLayout {
   int64_t m;      // [max_rows] running max
   int64_t l;      // [max_rows] running sum
   int64_t alpha;  // [max_rows] rescale factor of this block
+  int64_t qb;     // [max_rows, head_size] bf16 query tile, unscaled (pair-dot kernels)
+  int64_t pb;     // [max_rows, s_stride] bf16 probabilities of one chunk (pair-dot kernels)
   int64_t per_thread;
 };
 
@@ -60,11 +62,14 @@ using AttentionItemFn = void (*)(const PagedAttentionParams& p, const AttentionW
 
 // One per instruction set; head_size picks a specialisation (64, 128 or any multiple of W).
 // nullptr when this ISA's kernel can not take head_size (e.g. 16 lanes and head_size % 16 != 0).
-// (No AVX512-BF16 variant: its bf16 dot products pay off in the linear kernel's weight streams.)
+// The *_bf16dot variants take a bf16 query over a bf16 cache with pair dot products
+// (attention_dot_tiles.h): AVX512-BF16's vdpbf16ps, and its portable emulation for tests.
 namespace attention_generic8 { AttentionItemFn attention_item_fn(int64_t head_size); }
 namespace attention_generic16 { AttentionItemFn attention_item_fn(int64_t head_size); }
+namespace attention_generic16_bf16dot { AttentionItemFn attention_item_fn(int64_t head_size); }
 namespace attention_avx2 { AttentionItemFn attention_item_fn(int64_t head_size); }
 namespace attention_avx512 { AttentionItemFn attention_item_fn(int64_t head_size); }
+namespace attention_avx512_bf16dot { AttentionItemFn attention_item_fn(int64_t head_size); }
 
 }  // namespace kernels
 }  // namespace pagedcore

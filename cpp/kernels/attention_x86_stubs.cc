@@ -9,5 +9,8 @@ AttentionItemFn attention_item_fn(int64_t) { return nullptr; }
 namespace attention_avx512 {
 AttentionItemFn attention_item_fn(int64_t) { return nullptr; }
 }  // namespace attention_avx512
+namespace attention_avx512_bf16dot {
+AttentionItemFn attention_item_fn(int64_t) { return nullptr; }
+}  // namespace attention_avx512_bf16dot
 }  // namespace kernels
 }  // namespace pagedcore

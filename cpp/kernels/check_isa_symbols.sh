@@ -7,7 +7,7 @@
 set -eu
 case "$1" in
   attention) files='^attention_avx(2|512).*\.o$'
-             allowed='kernels::attention_(avx2|avx512)::' ;;
+             allowed='kernels::attention_(avx2|avx512|avx512_bf16dot)::' ;;
   linear)    files='^linear_avx(2|512).*\.o$'
              allowed='kernels::linear_(avx2|avx512|avx512_bf16dot)::' ;;
   quant)     files='^quant_linear_avx(2|512).*\.o$'

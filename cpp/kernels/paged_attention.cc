@@ -87,14 +87,18 @@ Status check(const PagedAttentionParams& p) {
 
 AttentionItemFn pick_kernel(Isa isa, int64_t head_size) {
   switch (isa) {
-    case Isa::kAvx512:
     case Isa::kAvx512Bf16:
+      if (AttentionItemFn fn = attention_avx512_bf16dot::attention_item_fn(head_size)) return fn;
+      return attention_avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
+    case Isa::kAvx512:
       if (AttentionItemFn fn = attention_avx512::attention_item_fn(head_size)) return fn;
       return attention_avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
     case Isa::kAvx2:
       return attention_avx2::attention_item_fn(head_size);
-    case Isa::kGeneric16:
     case Isa::kGeneric16Bf16:
+      if (AttentionItemFn fn = attention_generic16_bf16dot::attention_item_fn(head_size)) return fn;
+      return attention_generic8::attention_item_fn(head_size);
+    case Isa::kGeneric16:
       if (AttentionItemFn fn = attention_generic16::attention_item_fn(head_size)) return fn;
       return attention_generic8::attention_item_fn(head_size);
     case Isa::kGeneric:
@@ -264,6 +268,8 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   layout.m = take(max_rows);
   layout.l = take(max_rows);
   layout.alpha = take(max_rows);
+  layout.qb = take((max_rows * p.head_size + 1) / 2);         // bf16, two to a float
+  layout.pb = take((max_rows * layout.s_stride + 1) / 2);
   const int64_t merge_row = take(p.head_size);  // [head_size] row buffer of merge_tile
   layout.per_thread = off;
   ws.scratch.resize(threads * layout.per_thread + 16);

@@ -75,6 +75,25 @@ struct VecAvx512 {
                            _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
 #endif
   }
+  static RI zero_i() { return _mm512_setzero_si512(); }
+  // Pairs of two rows' bf16 for dot_bf16 over the rows (vpunpck{l,h}wd, within 128-bit lanes):
+  //   lo 32-bit lane 4L + i = (a[8L + i], b[8L + i]),  hi lane 4L + i = (a[8L + 4 + i], b[8L + 4 + i])
+  static void interleave_bf16(RI a, RI b, RI& lo, RI& hi) {
+    lo = _mm512_unpacklo_epi16(a, b);
+    hi = _mm512_unpackhi_epi16(a, b);
+  }
+  // Lane j = the sum of a[j]'s lanes, for 16 vectors at once: a transposing tree of 15 (2 shuffles +
+  // 1 add) steps, against 16 separate reductions. (Its order differs from reduce_add's.)
+  __attribute__((always_inline)) static R reduce_add16(const R* a) {
+    R b[8], c[4];
+    for (int i = 0; i < 8; ++i)  // 128-bit lane L: (a0 x0+x2, a1 x0+x2, a0 x1+x3, a1 x1+x3)
+      b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)  // lane L: keys 4i..4i+3, each summed over lane L's 4 elements
+      c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    const R d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x44), _mm512_shuffle_f32x4(c[0], c[1], 0xEE));
+    const R d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x44), _mm512_shuffle_f32x4(c[2], c[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+  }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }

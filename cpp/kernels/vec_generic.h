@@ -115,6 +115,29 @@ struct VecGeneric {
     }
     return r;
   }
+  static RI zero_i() {
+    RI r;
+    std::memset(r.v, 0, sizeof r.v);
+    return r;
+  }
+  // vpunpck{l,h}wd per 8-element group L: lo pair 4L + i = (a[8L + i], b[8L + i]), hi pair 4L + i =
+  // (a[8L + 4 + i], b[8L + 4 + i]) (W = 16 only: the AVX-512 instruction this emulates).
+  static void interleave_bf16(const RI& a, const RI& b, RI& lo, RI& hi) {
+    static_assert(kW == 16, "interleave_bf16 emulates 512-bit vpunpcklwd");
+    for (int L = 0; L < 4; ++L)
+      for (int i = 0; i < 4; ++i) {
+        lo.v[8 * L + 2 * i] = a.v[8 * L + i];
+        lo.v[8 * L + 2 * i + 1] = b.v[8 * L + i];
+        hi.v[8 * L + 2 * i] = a.v[8 * L + 4 + i];
+        hi.v[8 * L + 2 * i + 1] = b.v[8 * L + 4 + i];
+      }
+  }
+  static R reduce_add16(const R* a) {  // lane j = reduce_add(a[j])
+    static_assert(kW == 16, "reduce_add16 takes W = 16 vectors");
+    R r;
+    for (int j = 0; j < W; ++j) r.v[j] = reduce_add(a[j]);
+    return r;
+  }
   static R add(const R& a, const R& b) {
     R r;
     for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i];

@@ -12,9 +12,11 @@ import pagedcore._core as _core
 
 
 def available_isas():
-    isas = ["generic", "generic16"]
+    """The kernel ISAs this CPU runs. generic16_bf16 emulates AVX512-BF16's pair dot products (the
+    attention kernel's bf16-over-bf16 tiles) on any CPU; avx512_bf16 runs them natively."""
+    isas = ["generic", "generic16", "generic16_bf16"]
     saved = _core.kernel_isa()
-    for name in ("avx2", "avx512"):
+    for name in ("avx2", "avx512", "avx512_bf16"):
         if _core.set_kernel_isa(name):
             isas.append(name)
     _core.set_kernel_isa(saved)
