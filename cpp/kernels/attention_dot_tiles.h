@@ -1,8 +1,9 @@
-// The paged-attention tiles for a bf16 query over a bf16 cache on a CPU with pair dot products
+// The paged-attention tiles for a bf16 cache on a CPU with pair dot products
 // (vdpbf16ps, V::kHasDotBf16, 16 lanes): the scores and the value sums take bf16 operands as they
 // are, two products per fp32 lane, instead of widening every K/V element to fp32 first.
 //
-//   scores  S[m, j] = scale * (q[m] . K[j])   q, K bf16; fp32 sums; 16 keys' sums reduced at once
+//   scores  S[m, j] = scale * (q[m] . K[j])   q, K bf16 (an fp32 query rounded once); fp32 sums;
+//                                             16 keys' sums reduced at once
 //   values  acc[m] += P[m, j] V[j] + P[m, j+1] V[j+1]   P rounded to bf16 (as flash attention's
 //                                                       P . V GEMM), V rows j, j+1 paired per lane
 //
@@ -20,6 +21,18 @@ namespace pagedcore {
 namespace kernels {
 namespace PC_ISA_NAMESPACE {
 
+// A query row as bf16, unscaled: copied when it is bf16, rounded to nearest even when fp32.
+template <int kD>
+inline void load_row_bf16(const void* src, DType dtype, uint16_t* dst, int64_t D_rt) {
+  const int64_t D = kD ? kD : D_rt;
+  if (dtype == DType::kBFloat16) {
+    std::memcpy(dst, src, D * sizeof(uint16_t));
+    return;
+  }
+  const float* f = static_cast<const float*>(src);
+  for (int64_t c = 0; c < D; c += W) V::store_bf16(dst + c, V::load(f + c));
+}
+
 // s[j] = scale * (qb . K[j]) for j < n <= 16:  qb [D] bf16;  K [n, D] bf16 row stride D;  s [n].
 // One accumulator per key (16 independent dot-product chains), then one 16-way reduction tree.
 // pf: the same keys' rows in the next chunk, prefetched a key at a time (nullptr: none).
@@ -32,13 +45,11 @@ inline void qk_dot_row(const uint16_t* qb, const uint16_t* K, int64_t n, int64_t
 #pragma GCC unroll 16
   for (int t = 0; t < 16; ++t) acc[t] = Vec::zero();
   if (n == 16) {
-    for (int64_t c = 0; c < D; c += 2 * Vec::W) {
-      const RI q = Vec::load_i(qb + c);
 #pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) {
-        if (pf && c == 0) prefetch_lines(pf + t * D * 2, D * 2);
-        acc[t] = Vec::dot_bf16(acc[t], q, Vec::load_i(K + t * D + c));
-      }
+    for (int t = 0; t < 16; ++t) {  // key rows in memory order
+      if (pf) prefetch_lines(pf + t * D * 2, D * 2);
+#pragma GCC unroll 8
+      for (int64_t c = 0; c < D; c += 2 * Vec::W) acc[t] = Vec::dot_bf16(acc[t], Vec::load_i(qb + c), Vec::load_i(K + t * D + c));
     }
     Vec::store(s, Vec::mul(Vec::reduce_add16(acc), Vec::set1(scale)));
     return;

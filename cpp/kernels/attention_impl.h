@@ -68,7 +68,9 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   float* l_run = scratch + layout.l;   // [M]
   float* alpha = scratch + layout.alpha;  // [M]
   constexpr bool kDotIsa = V::kHasDotBf16 && W == 16;
-  const bool dot = kDotIsa && p.cache_dtype == DType::kBFloat16 && p.q_dtype == DType::kBFloat16 && D % 32 == 0;
+  // An fp32 query over a bf16 cache (quantized models' activations) is rounded to bf16 for the
+  // scores, as llama.cpp rounds it to its cache's type.
+  const bool dot = kDotIsa && p.cache_dtype == DType::kBFloat16 && D % 32 == 0;
   uint16_t* Qb = reinterpret_cast<uint16_t*>(scratch + layout.qb);  // [M, D] bf16 query rows, unscaled
   uint16_t* Pb = reinterpret_cast<uint16_t*>(scratch + layout.pb);  // [M, s_stride] bf16 probabilities
 
@@ -81,7 +83,7 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const void* src = p.q_dtype == DType::kFloat32
                             ? static_cast<const void*>(static_cast<const float*>(p.query) + off)
                             : static_cast<const void*>(static_cast<const uint16_t*>(p.query) + off);
-      if (dot) std::memcpy(Qb + (r * group + h) * D, src, D * sizeof(uint16_t));  // scaled in qk_dot_row
+      if (dot) load_row_bf16<kD>(src, p.q_dtype, Qb + (r * group + h) * D, D);  // scaled in qk_dot_row
       else load_row<kD>(src, p.q_dtype, Qs + (r * group + h) * D, p.scale, D);
     }
   }

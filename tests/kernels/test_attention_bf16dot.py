@@ -1,13 +1,14 @@
-"""The attention kernel's pair-dot tiles (attention_dot_tiles.h): a bf16 query over a bf16 cache on
-AVX512-BF16 (vdpbf16ps) or its portable emulation (generic16_bf16, run on every CPU), against the
+"""The attention kernel's pair-dot tiles (attention_dot_tiles.h): a bf16 or fp32 query over a bf16
+cache on AVX512-BF16 (vdpbf16ps) or its portable emulation (generic16_bf16, run on every CPU), against the
 naive reference, over the shapes where the tiles have edges: key tails of 1..15 keys and odd key
 counts (block sizes 1, 8, 24), 16-key groups inside one block (32, 64), a last 32-element group of a
 head (96, 160), heads too narrow for pairs of 32 (80: the widening tiles), prefill rows beyond a
 register tile, GQA groups of 1..7, and key ranges split into partitions. Unwritten cache slots hold
 NaN, so a tile that reads past a block's last key (or multiplies it by a zero probability) fails.
 
-Tolerance: the output is bf16 (2^-9 relative rounding) and the probabilities are rounded to bf16
-before P . V (as in flash attention), so the kernel must agree with the fp32 reference to 8e-3.
+Tolerance: the output is bf16 (2^-9 relative rounding), an fp32 query is rounded to bf16 for the
+scores (as llama.cpp rounds it to its cache's type) and the probabilities are rounded to bf16 before
+P . V (as in flash attention), so the kernel must agree with the fp32 reference to 8e-3.
 """
 
 from __future__ import annotations
@@ -36,21 +37,23 @@ def dot_isa(request):
 
 def check(batch, **kw):
     out, want = run_both(batch, **kw)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == batch.query.dtype
     assert not out.isnan().any()
     torch.testing.assert_close(out.float(), want.float(), **TIGHT)
 
 
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("block_size", [1, 8, 16, 24, 32, 64])
-def test_block_sizes_and_key_tails(dot_isa, block_size):
+def test_block_sizes_and_key_tails(dot_isa, block_size, q_dtype):
     check(make_batch(SEQS, num_heads=9, num_kv_heads=3, head_size=64, block_size=block_size,
-                     cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16, seed=block_size))
+                     cache_dtype=torch.bfloat16, q_dtype=q_dtype, seed=block_size))
 
 
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("head_size", [32, 64, 80, 96, 128, 160, 256])
-def test_head_sizes(dot_isa, head_size):
+def test_head_sizes(dot_isa, head_size, q_dtype):
     check(make_batch(SEQS, num_heads=4, num_kv_heads=2, head_size=head_size, block_size=16,
-                     cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16, seed=head_size))
+                     cache_dtype=torch.bfloat16, q_dtype=q_dtype, seed=head_size))
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (7, 1), (14, 2)])
