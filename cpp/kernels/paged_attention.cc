@@ -88,9 +88,12 @@ Status check(const PagedAttentionParams& p) {
 AttentionItemFn pick_kernel(Isa isa, int64_t head_size) {
   switch (isa) {
     case Isa::kAvx512Bf16:
+    case Isa::kAmxBf16:  // every AMX CPU has AVX512-BF16; no AMX attention tiles (yet)
+    case Isa::kAmxInt8:
       if (AttentionItemFn fn = attention_avx512_bf16dot::attention_item_fn(head_size)) return fn;
       return attention_avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
     case Isa::kAvx512:
+    case Isa::kAvx512Vnni:
       if (AttentionItemFn fn = attention_avx512::attention_item_fn(head_size)) return fn;
       return attention_avx2::attention_item_fn(head_size);  // head_size % 16 != 0: 8 lanes
     case Isa::kAvx2:

@@ -176,6 +176,8 @@ def test_dispatch_report_lists_every_family(caplog):
         assert report.get(family), family
     isa = linear_isa.auto_isa()
     assert isa in report["cpu"] and isa in report["dense linear kernel"]
+    # Attention's pair-dot tiles (attention_dot_tiles.h) run where the kernel ISA has bf16 pair dots.
+    assert ("vdpbf16ps pair dot products" in report["attention"]) == (isa in ("avx512_bf16", "generic16_bf16"))
     from pagedcore.ops.dense_repack import dense_repack_enabled
 
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):

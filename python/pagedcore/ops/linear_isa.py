@@ -56,10 +56,17 @@ def cpu_flags() -> frozenset[str]:
 
 # Which variant each kernel family runs for an active ISA (cpp/kernels: paged_attention.cc
 # pick_kernel, linear.cc linear_isa_kernels (norms and rotary share it), quant_linear.cc
-# quant_kernel_isa). Attention has no bf16-dot variant; generic16_bf16 emulates avx512_bf16.
-_ATTENTION_VARIANT = {"avx512_bf16": "avx512", "avx512_vnni": "avx512", "generic16_bf16": "generic16"}
+# quant_kernel_isa). generic16_bf16 emulates avx512_bf16 (attention's pair-dot tiles included).
+_ATTENTION_VARIANT = {"avx512_vnni": "avx512", "amx_bf16": "avx512_bf16", "amx_int8": "avx512_bf16"}
+_PAIR_DOT_ATTENTION = frozenset({"avx512_bf16", "generic16_bf16"})
 _REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 _QUANT_VARIANT = {"generic16_bf16": "generic16", "avx512_bf16": "avx512_vnni"}
+
+
+def _attention_report(isa: str) -> str:
+    variant = _ATTENTION_VARIANT.get(isa, isa)
+    dot = "; a bf16 cache: vdpbf16ps pair dot products" if variant in _PAIR_DOT_ATTENTION else ""
+    return f"{variant} (paged, prefill and decode{dot}; no AMX variant)"
 
 
 def _quant_variant(isa: str) -> str:
@@ -100,7 +107,7 @@ def dispatch_report() -> list[tuple[str, str]]:
     flags = " ".join(f for f in _REPORTED_FLAGS if f in cpu_flags()) or "no x86 SIMD flags"
     rows = [
         ("cpu", f"{flags}; kernel ISA {isa} (supported: {', '.join(supported_isas())})"),
-        ("attention", f"{_ATTENTION_VARIANT.get(isa, isa)} (paged, prefill and decode; no bf16-dot/AMX variant)"),
+        ("attention", _attention_report(isa)),
         ("dense linear kernel", dense),
         ("norms + rotary", f"{dense.split(' ')[0]} (fused add+RMSNorm, RoPE)"),
         ("quantized linear", f"{_quant_variant(isa)} (GGUF blocks / int8 per channel)"),
