@@ -35,7 +35,9 @@ inline void load_row_bf16(const void* src, DType dtype, uint16_t* dst, int64_t D
 
 // s[j] = scale * (qb . K[j]) for j < n <= 16:  qb [D] bf16;  K [n, D] bf16 row stride D;  s [n].
 // One accumulator per key (16 independent dot-product chains), then one 16-way reduction tree.
-// pf: the same keys' rows in the next chunk, prefetched a key at a time (nullptr: none).
+// pf: the same keys' rows in the next chunk (nullptr: none), prefetched one line beside each line
+// loaded here: a burst of a plane's 32-64 prefetches at once filled the miss buffers and stalled
+// the loads behind them (perf, Qwen3 shapes on the Zen 4).
 template <int kD, typename Vec = V>
 inline void qk_dot_row(const uint16_t* qb, const uint16_t* K, int64_t n, int64_t D_rt, float scale, float* s,
                        const char* pf) {
@@ -47,9 +49,11 @@ inline void qk_dot_row(const uint16_t* qb, const uint16_t* K, int64_t n, int64_t
   if (n == 16) {
 #pragma GCC unroll 16
     for (int t = 0; t < 16; ++t) {  // key rows in memory order
-      if (pf) prefetch_lines(pf + t * D * 2, D * 2);
 #pragma GCC unroll 8
-      for (int64_t c = 0; c < D; c += 2 * Vec::W) acc[t] = Vec::dot_bf16(acc[t], Vec::load_i(qb + c), Vec::load_i(K + t * D + c));
+      for (int64_t c = 0; c < D; c += 2 * Vec::W) {  // 2 W bf16 = one 64-byte line
+        if (pf) __builtin_prefetch(pf + (t * D + c) * 2, 0, 2);
+        acc[t] = Vec::dot_bf16(acc[t], Vec::load_i(qb + c), Vec::load_i(K + t * D + c));
+      }
     }
     Vec::store(s, Vec::mul(Vec::reduce_add16(acc), Vec::set1(scale)));
     return;
@@ -99,11 +103,15 @@ inline void pv_dot_tile(const uint16_t* Pb, const uint16_t* Vb, float* acc, cons
   RI x[NV], pair[MR];
   int64_t j = 0;
   for (; j + 2 <= n; j += 2) {  // keys j, j + 1
-    if (pf) prefetch_lines(pf + j * D * 2, 2 * D * 2);
     const uint16_t* v0 = Vb + j * D + c;
 #pragma GCC unroll 2
-    for (int h = 0; h < NV / 2; ++h)
+    for (int h = 0; h < NV / 2; ++h) {
+      if (pf) {  // the lines of the next chunk's plane beside the two loaded here (see qk_dot_row)
+        __builtin_prefetch(pf + (j * D + c + h * 2 * W) * 2, 0, 2);
+        __builtin_prefetch(pf + ((j + 1) * D + c + h * 2 * W) * 2, 0, 2);
+      }
       Vec::interleave_bf16(Vec::load_i(v0 + h * 2 * W), Vec::load_i(v0 + D + h * 2 * W), x[2 * h], x[2 * h + 1]);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) pair[i] = Vec::broadcast_pair(p[i] + j);  // (P[j], P[j + 1])
     pv_dot_step<MR, NV, Vec>(r, x, pair);
@@ -131,8 +139,8 @@ inline void pv_dot_rows(const uint16_t* Pb, const uint16_t* Vb, float* acc, cons
                         int64_t n, int64_t D, int64_t s_stride, int64_t p_col, const char* pf) {
   int64_t c = 0;
   for (; c + 64 <= D; c += 64)
-    pv_dot_tile<MR, 4, Vec>(Pb, Vb, acc, alpha, m, n, D, s_stride, p_col, c, c == 0 ? pf : nullptr);
-  if (c < D) pv_dot_tile<MR, 2, Vec>(Pb, Vb, acc, alpha, m, n, D, s_stride, p_col, c, c == 0 ? pf : nullptr);
+    pv_dot_tile<MR, 4, Vec>(Pb, Vb, acc, alpha, m, n, D, s_stride, p_col, c, pf);
+  if (c < D) pv_dot_tile<MR, 2, Vec>(Pb, Vb, acc, alpha, m, n, D, s_stride, p_col, c, pf);
 }
 
 template <typename Vec = V>
