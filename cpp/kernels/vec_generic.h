@@ -10,6 +10,8 @@
 //   W, kRegs (vector registers of the ISA), kHasDotBf16 (dot_bf16 is the hardware's)
 //   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32)
 //   load_bf16_pairs (2 W bf16 -> even, odd lanes) load_i dot_bf16 (vdpbf16ps)
+//   16 lanes only (attention_dot_tiles.h): zero_i, interleave_bf16 (vpunpck{l,h}wd pairs of two
+//   rows), reduce_add16 (16 vectors -> one vector of their sums)
 //   add sub mul div min max
 //   fmadd, fnmadd:  a * b + c, c - a * b with one rounding, as an FMA unit (the linear and norm
 //                   kernels rely on it: every ISA rounds their sums alike)
