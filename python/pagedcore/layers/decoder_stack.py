@@ -25,7 +25,7 @@ from pagedcore.layers.attention import AttentionMetadata
 from pagedcore.layers.linear import Linear, current_x16_weight
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
-from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS
+from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS, X16Weight
 from pagedcore.ops.linear import max_rows
 from pagedcore.ops.quant_linear import FORMAT_ENUMS
 
@@ -44,7 +44,7 @@ class LayerTensors:
     gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
     down: torch.Tensor  # [hidden, intermediate]
     # Per linear (LINEAR_FIELDS order): None for dense rows of the model dtype, its x16 repack
-    # ("f32x16" / "bf16x16", ops/dense_repack.py: the tensor is then the layer's _x16_weight), or a
+    # ("f32x16" / "bf16x16", ops/dense_repack.py: the tensor is then the X16Weight's packed layout), or a
     # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
     # [N, row_bytes], int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
     formats: tuple[str | None, ...] = (None, None, None, None)
@@ -156,7 +156,7 @@ class DecoderStack:
         formats = [[None if fmt is None else enums[fmt] for fmt in layer.formats] for layer in layers]
         scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
-        self._layers = layers  # keeps alive what the stack points at (x16 repacks are plain attributes of the layers)
+        self._layers = layers  # keeps alive what the stack points at (an x16 repack: the X16Weight's packed)
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
                                          linear_formats=formats, linear_scales=scales,
@@ -173,7 +173,9 @@ class DecoderStack:
 
     def matches(self, qkv_weight: torch.Tensor) -> bool:
         """Still bound to the model's weights (False after model.to() or a reload into new tensors)."""
-        return qkv_weight.data_ptr() == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype
+        # A repacked weight (X16Weight) has no [N, K] memory: its bytes are the x16 layout the stack reads.
+        ptr = qkv_weight.held_data_ptr() if isinstance(qkv_weight, X16Weight) else qkv_weight.data_ptr()
+        return ptr == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype
 
     @property
     def lora_steps(self) -> int:

@@ -26,6 +26,7 @@ from pagedcore.layers.activation import silu_mul
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import linear as linear_ops
 from pagedcore.ops import dense_repack, linear_dispatch
+from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops.onednn_linear import PrepackedWeight
 
 
@@ -122,10 +123,12 @@ class DenseLinearMethod(LinearMethod):
     more rows the library GEMM the CPU's plan names (LibraryBinding; see the top of this file).
 
     Where dense_repack.dense_repack_enabled() (AVX512-BF16 CPUs by default; PAGEDCORE_DENSE_REPACK),
-    process_weights_after_loading also keeps W repacked in its x16 layout (layer._x16_weight), and
-    every row count runs the outer-product kernel on it (no library GEMM, no oneDNN copy). The
-    checkpoint-layout W stays (for a GPU move, a reload, readers of layer.weight): +1x the weight
-    bytes where no oneDNN copy was kept (bf16), about even where one was (fp32 on AVX512-BF16)."""
+    process_weights_after_loading repacks W into its x16 layout and every row count runs the
+    outer-product kernel on it (no library GEMM, no oneDNN copy). The repack is W's only copy:
+    layer.weight becomes an X16Weight (ops/dense_repack.py), which reads as W [out, in] to torch
+    (unpacked per op: a GPU move, a reader of layer.weight) while holding only the x16 bytes, so the
+    layer keeps 1x the weight bytes, as without the repack (the checkpoint-layout copy is freed). A
+    reload of W first turns it back into a plain parameter (load), and processing repacks it again."""
 
     def __init__(self, format: str, dtype: torch.dtype):
         self.format = format
@@ -133,22 +136,20 @@ class DenseLinearMethod(LinearMethod):
 
     def create_weights(self, layer: Linear, bias: bool) -> None:
         layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=self.dtype),
-                                    requires_grad=False)  # [out, in]
+                                    requires_grad=False)  # [out, in]; an X16Weight once repacked
         layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=self.dtype), requires_grad=False)
                       if bias else None)  # [out]
-        layer._kernel = KernelBinding(layer.weight, out_dtype=layer.out_dtype)
-        # Bound lazily by the kernel at first use; only gate/up layers ever call it.
-        layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True)
-        layer._library = LibraryBinding(layer.weight)
         layer._rows_loaded = set()  # (first row, rows) of the weight filled so far: prepack when complete
-        layer._x16_weight = None  # W in its x16 layout once processed (a plain attribute: not a parameter)
-        layer._x16_source = None  # _weight_identity() of the W it was packed from
+        layer._library = LibraryBinding(layer.weight)
+        self._bind(layer, x16=False)
 
     def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
              rows: tuple[int, int] | None) -> None:
         if param_name not in ("weight", "bias"):
             raise ValueError(f"checkpoint tensor {name!r}: a {self.format} linear layer holds weight and bias, "
                              f"not {param_name!r}; is the checkpoint quantised in a format pagedcore lacks?")
+        if param_name == "weight" and isinstance(layer.weight, X16Weight):
+            restore_checkpoint_layout(layer)  # a reload after processing: rows are written in the checkpoint layout
         param = layer.weight if param_name == "weight" else layer.bias
         if param is None:
             raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
@@ -156,8 +157,6 @@ class DenseLinearMethod(LinearMethod):
         target = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])  # rows: contiguous
         copy_weight(target, loaded, name)
         if param_name == "weight":
-            if layer._x16_weight is not None:  # a reload after processing: back to the checkpoint layout
-                self._use_x16(layer, None)
             # Prepack once the whole weight is in (a reload of any part packs it again).
             layer._rows_loaded.add(rows or (0, layer.out_features))
             layer._library.packed = None
@@ -165,69 +164,79 @@ class DenseLinearMethod(LinearMethod):
                 layer._library.prepack(layer.weight, layer.bias)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """Repacks W into its x16 layout where that is on and the shape allows (dense_repack)."""
+        """Repacks W into its x16 layout where that is on and the shape allows (dense_repack); the
+        checkpoint-layout tensor is dropped (freed unless something else holds it)."""
         weight = layer.weight
-        if not (dense_repack.dense_repack_enabled(self.dtype) and weight.is_cpu):
+        if isinstance(weight, X16Weight) or not (dense_repack.dense_repack_enabled(self.dtype) and weight.is_cpu):
             return
         gate_up = isinstance(layer, MergedLinear) and len(layer.shard_rows) == 2
         if dense_repack.x16_problem(weight) or (gate_up and dense_repack.x16_problem(weight, silu_mul=True)):
             return  # the checkpoint layout, as before
-        self._use_x16(layer, dense_repack.pack_x16(weight.data))
+        layer.weight = nn.Parameter(X16Weight.of(weight.data), requires_grad=False)
+        layer._library.packed = None  # every row count runs the x16 kernel: no oneDNN copy
+        self._bind(layer, x16=True)
 
     @staticmethod
-    def _use_x16(layer: Linear, packed: torch.Tensor | None) -> None:
-        """Binds the layer's kernels to `packed` (W's x16 layout) or, with None, back to W as stored."""
-        layer._x16_weight = packed
-        layer._x16_source = _weight_identity(layer.weight) if packed is not None else None
-        x16 = packed is not None
+    def _bind(layer: Linear, x16: bool) -> None:
+        """Kernel bindings for W as held: its x16 repack (x16) or the checkpoint layout."""
         layer._kernel = KernelBinding(layer.weight, out_dtype=layer.out_dtype, x16=x16)
+        # Bound lazily by the kernel at first use; only gate/up layers ever call it.
         layer._silu_mul_kernel = KernelBinding(layer.weight, silu_mul=True, x16=x16)
-        if x16:
-            layer._library.packed = None  # every row count runs the x16 kernel: no oneDNN copy
-        elif sum(n for _, n in layer._rows_loaded) >= layer.out_features:
-            layer._library.prepack(layer.weight, layer.bias)
 
-    @staticmethod
-    def _kernel_weight(layer: Linear, kernel: KernelBinding) -> torch.Tensor:
-        return layer._x16_weight if kernel.x16 else layer.weight
+    def _held(self, layer: Linear) -> torch.Tensor | None:
+        """The x16 layout the kernels read, or None for the checkpoint layout (rebinding if W was
+        replaced since: .data = t, module.to() to another device or dtype)."""
+        weight = layer.weight
+        packed = weight.packed if type(weight) is X16Weight else None
+        if packed is None and type(weight) is X16Weight:  # aliases a plain tensor now: hold that
+            layer.weight = nn.Parameter(weight.plain, requires_grad=False)
+        if layer._kernel.x16 != (packed is not None):
+            self._bind(layer, x16=packed is not None)
+        return packed
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        if layer._x16_weight is not None:
-            current_x16_weight(layer)  # W replaced since the repack (module.to(), .data =): drop it
+        packed = self._held(layer)
         kernel = layer._kernel
         if kernel.takes(x):
-            return kernel(x, self._kernel_weight(layer, kernel), layer.bias)  # [num_rows, in] -> [num_rows, out]
-        y = layer._library(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
+            weight = layer.weight if packed is None else packed
+            return kernel(x, weight, layer.bias)  # [num_rows, in] -> [num_rows, out]
+        if packed is None:
+            y = layer._library(x, layer.weight, layer.bias)  # [..., in] -> [..., out]
+        else:  # not a 2-D CPU x of 1..X16_MAX_ROWS rows: W unpacked for this call (never seen in serving)
+            y = linear_ops.torch_linear(x, dense_repack.unpack_x16(packed), layer.bias)
         return y if layer.out_dtype is None else y.to(layer.out_dtype)
 
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        if layer._x16_weight is not None:
-            current_x16_weight(layer)
+        packed = self._held(layer)
         # Few rows: one kernel call, SwiGLU in its epilogue (no [num_tokens, out] intermediate).
         kernel = layer._silu_mul_kernel
         if kernel.takes(x):
-            return kernel(x, self._kernel_weight(layer, kernel), layer.bias)
-        gate_up = layer._library(x, layer.weight, layer.bias)  # [num_tokens, out]
+            return kernel(x, layer.weight if packed is None else packed, layer.bias)
+        if packed is None:
+            gate_up = layer._library(x, layer.weight, layer.bias)  # [num_tokens, out]
+        else:  # as in apply: W unpacked for this call
+            gate_up = linear_ops.torch_linear(x, dense_repack.unpack_x16(packed), layer.bias)
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
 
-def _weight_identity(weight: torch.Tensor) -> tuple:
-    """What changes when W is replaced or written in place: its memory, view, device and version."""
-    return weight.data_ptr(), weight.stride(), weight.device, weight._version
-
-
 def current_x16_weight(layer: Linear) -> torch.Tensor | None:
-    """The layer's x16 repack of W (DenseLinearMethod), or None: never repacked, or W was replaced
-    or written since (module.to(), weight.data = ..., an in-place copy), in which case the stale repack is dropped and the layer
-    runs the checkpoint layout again."""
-    packed = getattr(layer, "_x16_weight", None)
-    if packed is None:
-        return None
-    if layer._x16_source != _weight_identity(layer.weight):
-        DenseLinearMethod._use_x16(layer, None)
-        return None
-    return packed
+    """The x16 layout a repacked dense layer holds W in (X16Weight.packed: what its kernels and the
+    decoder stack read), or None: not repacked, or W replaced since (.data = t, a move to another
+    device or dtype), in which case the layer runs the checkpoint layout."""
+    weight = getattr(layer, "weight", None)
+    return weight.packed if type(weight) is X16Weight else None
+
+
+def restore_checkpoint_layout(layer: Linear) -> None:
+    """Puts a repacked layer's W back in the checkpoint layout, a plain [out, in] parameter (for a
+    reload that writes rows of it), and frees the x16 copy; the library GEMM prepacks at its first
+    call. No-op for a layer that is not repacked."""
+    weight = layer.weight
+    if type(weight) is not X16Weight:
+        return
+    layer.weight = nn.Parameter(weight.unpacked().contiguous(), requires_grad=False)  # [out, in]
+    DenseLinearMethod._bind(layer, x16=False)
 
 
 # Weight format name -> its method. The loader picks the name (loader/model_loader.py); the model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
@@ -104,7 +105,20 @@ def build_model(config: ModelConfig, weight_format: str, weights, **shard) -> to
         raise
     except ValueError as error:  # a shape or name mismatch between checkpoint and config
         raise ModelLoadError(f"the weights do not fit the config: {error}") from None
+    _return_freed_memory()
     return model.eval()
+
+
+def _return_freed_memory() -> None:
+    """Hands the heap's free pages back to the OS (glibc malloc_trim; elsewhere nothing). Loading
+    frees as much as it keeps: a repacked dense layer drops its checkpoint-layout copy (layers/linear.py
+    DenseLinearMethod), and the loader its conversion buffers. glibc keeps freed chunks of these sizes
+    in its heap, so without this the process stays as large as the load's peak (measured, default
+    model in bf16 under LLM(): 786 MiB resident, 645 after the trim)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
 
 
 @contextlib.contextmanager
