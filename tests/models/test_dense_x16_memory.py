@@ -173,3 +173,22 @@ def test_calls_the_kernel_does_not_take_run_on_w_unpacked(tiny_model_factory, mo
     torch.testing.assert_close(gate_up.forward_silu_mul(x).double(), want, **tol)
     assert gate_up(x[0, :0]).shape == (0, gate_up.out_features)
     assert type(gate_up.weight) is X16Weight  # still held packed
+
+
+def test_a_weight_shared_with_another_module_stays_whole_for_it(monkeypatch):
+    """The repack replaces the layer's parameter and never writes the old one: a module that shares
+    it (as a tied table would) keeps reading W, and the old bytes live on for it alone."""
+    monkeypatch.setenv("PAGEDCORE_DENSE_REPACK", "1")
+    method = DenseLinearMethod("bfloat16", torch.bfloat16)
+    head = Linear(64, 96, bias=False, method=method)
+    W = torch.randn(96, 64, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    head.load_weight("weight", W, "lm_head.weight")
+    table = nn.Embedding(96, 64)
+    table.weight = head.weight  # the same parameter, as tied embeddings share one
+    shared = head.weight
+    method.process_weights_after_loading(head)
+    assert type(head.weight) is X16Weight and table.weight is shared and torch.equal(table.weight, W)
+    ids = torch.tensor([3, 95, 0])
+    assert torch.equal(table(ids), W[ids])
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    torch.testing.assert_close(head(x).double(), _reference(x, W), atol=0.1, rtol=0.02)
