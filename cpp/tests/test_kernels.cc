@@ -159,7 +159,12 @@ void check_all_isas(const Batch& b) {
       const Status st = paged_attention(params_for(b, bf16_cache, out.data(), scale), isa);
       CHECK(st.is_ok());
       const float err = max_abs_diff(out, want);
-      if (!(err < 2e-5f))
+      // The pair-dot tiles (attention_dot_tiles.h) round the fp32 query and the probabilities to
+      // bf16 over a bf16 cache: 8e-3, as tests/kernels/test_attention_bf16dot.py.
+      const bool pair_dot = bf16_cache && b.head_size % 32 == 0 &&
+                            (isa == Isa::kAvx512Bf16 || isa == Isa::kGeneric16Bf16 || isa == Isa::kAmxBf16 ||
+                             isa == Isa::kAmxInt8);
+      if (!(err < (pair_dot ? 8e-3f : 2e-5f)))
         throw pagedcore_test::Failure(std::string("isa ") + isa_name(isa) + (bf16_cache ? " bf16" : " fp32") +
                                       ": max abs error " + std::to_string(err));
     }
