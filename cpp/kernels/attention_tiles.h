@@ -37,6 +37,12 @@ inline R load_f(const uint16_t* p) { return V::load_bf16(p); }
 inline void prefetch_lines(const char* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
+// The line of the next chunk's plane at element `index` (of `elem` bytes), issued beside the load
+// of the same element of this plane: a key row's lines at once (the versions above) filled the
+// miss buffers and stalled the loads behind them (perf on the Zen 4, attention_dot_tiles.h).
+inline void prefetch_line_beside(const char* pf, int64_t index, int64_t elem) {
+  __builtin_prefetch(pf + index * elem, 0, 2);
+}
 
 // S[m + i, s_col + j] = Qs[m + i, :] . K[j, :] for i < MR, j < n; K fp32 or bf16 (widened here).
 //   Qs [*, D] row stride D;  K [n, D] row stride D;  S [*, s_stride]
@@ -56,7 +62,6 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
   int64_t j = 0;
   for (; j + NR <= n; j += NR) {
     const T* k = K + j * D;
-    if (pf) prefetch_lines(pf + j * D * static_cast<int64_t>(sizeof(T)), NR * D * static_cast<int64_t>(sizeof(T)));
     R acc[kAcc + 3];
 #pragma GCC unroll 16
     for (int a = 0; a < kAcc + 3; ++a) acc[a] = V::zero();
@@ -66,6 +71,7 @@ inline void qk_rows(const float* Qs, const T* K, float* S, int64_t m, int64_t n,
       for (int i = 0; i < MR; ++i) x[i] = V::load(q[i] + c);
 #pragma GCC unroll 8
       for (int t = 0; t < NR; ++t) {
+        if (pf && (c * sizeof(T)) % 64 == 0) prefetch_line_beside(pf, (j + t) * D + c, sizeof(T));
         const R y = load_f(k + t * D + c);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) acc[i * NR + t] = V::mul_add(x[i], y, acc[i * NR + t]);
@@ -139,12 +145,13 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
         r[i][u] = V::load(a[i] + c + u * W);
         if (alpha) r[i][u] = V::mul(r[i][u], scale[i]);
       }
-    const bool first_pass = pf && c == 0;  // spread the next plane's prefetch over the first pass
     for (int64_t j = 0; j < n; ++j) {
-      if (first_pass) prefetch_lines(pf + j * D * static_cast<int64_t>(sizeof(T)), D * static_cast<int64_t>(sizeof(T)));
       R v[NV];
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) v[u] = load_f(Vb + j * D + c + u * W);
+      for (int u = 0; u < NV; ++u) {
+        if (pf && ((c + u * W) * sizeof(T)) % 64 == 0) prefetch_line_beside(pf, j * D + c + u * W, sizeof(T));
+        v[u] = load_f(Vb + j * D + c + u * W);
+      }
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
         const R pj = V::set1(p[i][j]);
@@ -161,6 +168,7 @@ inline void pv_rows(const float* P, const T* Vb, float* acc, const float* alpha,
     R r[MR];
     for (int i = 0; i < MR; ++i) r[i] = alpha ? V::mul(V::load(a[i] + c), scale[i]) : V::load(a[i] + c);
     for (int64_t j = 0; j < n; ++j) {
+      if (pf && (c * sizeof(T)) % 64 == 0) prefetch_line_beside(pf, j * D + c, sizeof(T));
       const R v0 = load_f(Vb + j * D + c);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) r[i] = V::mul_add(V::set1(p[i][j]), v0, r[i]);
