@@ -29,17 +29,18 @@ inline R load_f(const uint16_t* p) { return V::load_bf16(p); }
 
 // Blocks are scattered, so the hardware prefetcher stops at each block's end: while block i of a
 // chunk is in use, ask for plane i of the next chunk (one chunk, ~64 keys, ahead), into L2
-// (prefetcht1, not L1: with t0 hints the L1 fill buffers ran out). The tile loops below issue the
-// prefetch a key row at a time, interleaved with the FMAs that use the current plane: one burst of
-// 64 prefetches per 4 KB plane (the first version) left most of them waiting for a free miss slot.
-// Measured (fp32, 104 sequences x 350 tokens, 2 threads, alternating builds): 3.94 -> 3.24 ms a
-// layer; the 64-request throughput benchmark 154 -> 169 output tok/s.
+// (prefetcht1, not L1: with t0 hints the L1 fill buffers ran out). The tile loops below issue one
+// line of it beside each line they load (prefetch_line_beside). History: one burst of 64 prefetches
+// per 4 KB plane (the first version) left most of them waiting for a free miss slot; a key row (or
+// NR rows) at a time (fp32, 104 sequences x 350 tokens, 2 threads: 3.94 -> 3.24 ms a layer) still
+// stalled the loads behind each burst (perf, Zen 4); a line per load: fp32 workload attention
+// 13.2 -> 11.3 s (Zen 4, 2026-12-02). prefetch_lines stays for the prefill staging path (one
+// burst per plane, compute-bound).
 inline void prefetch_lines(const char* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
 // The line of the next chunk's plane at element `index` (of `elem` bytes), issued beside the load
-// of the same element of this plane: a key row's lines at once (the versions above) filled the
-// miss buffers and stalled the loads behind them (perf on the Zen 4, attention_dot_tiles.h).
+// of the same element of this plane.
 inline void prefetch_line_beside(const char* pf, int64_t index, int64_t elem) {
   __builtin_prefetch(pf + index * elem, 0, 2);
 }
