@@ -16,14 +16,13 @@
 //
 // bf16 blocks are widened to fp32 in registers when a tile has at most 4 rows (decode), or once
 // per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place.
-// A bf16 query over a bf16 cache on a CPU with pair dot products (AVX512-BF16, or its emulation)
+// A bf16 cache (either query dtype) on a CPU with pair dot products (AVX512-BF16, or its emulation)
 // takes the tiles of attention_dot_tiles.h instead: bf16 operands as stored, no widening.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including attention_impl.h"
 #endif
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/attention_kernel.h"

@@ -62,7 +62,7 @@ using AttentionItemFn = void (*)(const PagedAttentionParams& p, const AttentionW
 
 // One per instruction set; head_size picks a specialisation (64, 128 or any multiple of W).
 // nullptr when this ISA's kernel can not take head_size (e.g. 16 lanes and head_size % 16 != 0).
-// The *_bf16dot variants take a bf16 query over a bf16 cache with pair dot products
+// The *_bf16dot variants take a bf16 cache (either query dtype) with pair dot products
 // (attention_dot_tiles.h): AVX512-BF16's vdpbf16ps, and its portable emulation for tests.
 namespace attention_generic8 { AttentionItemFn attention_item_fn(int64_t head_size); }
 namespace attention_generic16 { AttentionItemFn attention_item_fn(int64_t head_size); }

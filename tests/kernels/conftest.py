@@ -13,7 +13,7 @@ import pagedcore._core as _core
 
 def available_isas():
     """The kernel ISAs this CPU runs. generic16_bf16 emulates AVX512-BF16's pair dot products (the
-    attention kernel's bf16-over-bf16 tiles) on any CPU; avx512_bf16 runs them natively."""
+    attention kernel's tiles over a bf16 cache) on any CPU; avx512_bf16 runs them natively."""
     isas = ["generic", "generic16", "generic16_bf16"]
     saved = _core.kernel_isa()
     for name in ("avx2", "avx512", "avx512_bf16"):
@@ -90,8 +90,8 @@ PAIR_DOT_ISAS = ("generic16_bf16", "avx512_bf16")
 
 
 def attention_tolerances(q_dtype, cache_dtype, head_size=64):
-    """tolerances(q_dtype), except where the active ISA's pair-dot tiles apply (a bf16 cache, heads
-    of 32k elements): they round an fp32 query and the probabilities to bf16, so 8e-3."""
+    """tolerances(q_dtype), except where the active ISA's pair-dot tiles apply (a bf16 cache, a head
+    size that is a multiple of 32): they round an fp32 query and the probabilities to bf16, so 8e-3."""
     if _core.kernel_isa() in PAIR_DOT_ISAS and cache_dtype == torch.bfloat16 and head_size % 32 == 0:
         return dict(atol=8e-3, rtol=8e-3)
     return tolerances(q_dtype)

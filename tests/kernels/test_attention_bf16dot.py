@@ -18,10 +18,10 @@ import torch
 
 import pagedcore._core as _core
 
-from .conftest import available_isas, make_batch
+from .conftest import PAIR_DOT_ISAS, available_isas, make_batch
 from .test_paged_attention import run_both
 
-DOT_ISAS = [isa for isa in available_isas() if isa in ("generic16_bf16", "avx512_bf16")]
+DOT_ISAS = [isa for isa in available_isas() if isa in PAIR_DOT_ISAS]
 TIGHT = dict(atol=8e-3, rtol=8e-3)
 # (context before this step, new query rows)
 SEQS = [(37, 1), (0, 21), (100, 1), (5, 40), (16, 16), (3, 1), (70, 33), (0, 1), (14, 2)]
