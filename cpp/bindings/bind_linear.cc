@@ -1,6 +1,6 @@
 // pagedcore._core's linear-layer entries (cpp/kernels/linear.h): the weight formats, LinearHandle
 // (a layer's weight-side arguments bound once at load, so a decode call passes five numbers), the
-// task-size knobs and the read-bandwidth probe. pagedcore.ops.linear checks the tensors.
+// task-size knobs, the read-bandwidth probe and the embedding-row decoder (kernels/embedding_rows.h). pagedcore.ops.linear checks the tensors.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bindings/bind_common.h"
+#include "kernels/embedding_rows.h"
 #include "kernels/linear.h"
 #include "kernels/quant_linear.h"
 
@@ -83,6 +84,33 @@ void bind_linear(py::module_& m) {
       },
       py::arg("weight_format"), py::arg("isa") = -1,
       "The ISA whose quantized kernels run weight_format for isa (-1: the active one), or None.");
+  m.def(
+      "has_embedding_rows", [](kernels::WeightFormat format) { return kernels::has_embedding_rows(format); },
+      py::arg("weight_format"), "Whether embedding_rows_cpu decodes tables of weight_format.");
+  m.def(
+      "embedding_rows_cpu",
+      [](uintptr_t out, uintptr_t table, uintptr_t ids, int64_t num_ids, int64_t num_rows, int64_t K,
+         int64_t out_stride, kernels::WeightFormat format, int32_t out_dtype) {
+        kernels::EmbeddingRowsParams p;
+        p.out = ptr<void>(out);
+        p.table = ptr<const void>(table);
+        p.ids = ptr<const int64_t>(ids);
+        p.num_ids = num_ids;
+        p.num_rows = num_rows;
+        p.K = K;
+        p.out_stride = out_stride;
+        p.format = format;
+        p.out_dtype = to_dtype(out_dtype);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::embedding_rows(p);
+        }
+        raise_if_error(status);
+      },
+      py::arg("out"), py::arg("table"), py::arg("ids"), py::arg("num_ids"), py::arg("num_rows"), py::arg("K"),
+      py::arg("out_stride"), py::arg("weight_format"), py::arg("out_dtype"),
+      "Raw-pointer entry of pagedcore.ops.embedding_rows.embedding_rows (call that instead).");
   m.def(
       "linear_read_probe",
       [](uintptr_t data, int64_t bytes, int threads, int32_t isa) {

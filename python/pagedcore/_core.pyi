@@ -244,6 +244,11 @@ class LinearHandle:
     def __call__(self, out: int, x: int, M: int, x_stride: int, out_stride: int) -> None:
         """out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller)."""
 def set_linear_tuning(n_chunk: int = 0, m_chunk: int = 0) -> None: ...
+def has_embedding_rows(weight_format: WeightFormat) -> bool:
+    """Whether embedding_rows_cpu decodes tables of weight_format."""
+def embedding_rows_cpu(out: int, table: int, ids: int, num_ids: int, num_rows: int, K: int, out_stride: int,
+                       weight_format: WeightFormat, out_dtype: int) -> None:
+    """Raw-pointer entry of pagedcore.ops.embedding_rows.embedding_rows (call that instead)."""
 def linear_read_probe(data: int, bytes: int, threads: int, isa: int = -1) -> float:
     """Streams bytes from data on threads threads (the bandwidth probe of bench/bench_decode.py)."""
 

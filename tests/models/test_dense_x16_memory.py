@@ -65,14 +65,17 @@ def test_the_checkpoint_copy_is_freed_and_the_bytes_counted_once(tiny_model_fact
     live = [t for t in gc.get_objects() if isinstance(t, torch.Tensor) and type(t) is not X16Weight
             and t.device.type == "cpu"]
     assert not [t.shape for t in live if t.untyped_storage().data_ptr() in freed_ptrs]  # ...and their memory
-    if kind == "llama_tied":  # the head is the embedding table: not a Linear, never repacked
+    if kind == "llama_tied":  # the head is the embedding table: repacked for it, held once too
         assert loaded.model.lm_head is None
-        assert type(loaded.model.model.embed_tokens.weight) is nn.Parameter
+        assert type(loaded.model.model.embed_tokens.weight) is X16Weight
     else:
         assert type(loaded.model.lm_head.weight) is X16Weight
 
     monkeypatch.setattr(DenseLinearMethod, "process_weights_after_loading", process)
     off = _load(folder, dtype, "0", monkeypatch)
+    if kind == "llama_tied":
+        table, plain_table = loaded.model.model.embed_tokens.weight, off.model.model.embed_tokens.weight
+        assert type(plain_table) is nn.Parameter and torch.equal(table.packed, pack_x16(plain_table))
     for m, plain in zip(linears, _linears(off.model), strict=True):
         assert type(plain.weight) is nn.Parameter
         assert torch.equal(m.weight.packed, pack_x16(plain.weight))  # the bytes the x16 kernel read before
@@ -192,3 +195,30 @@ def test_a_weight_shared_with_another_module_stays_whole_for_it(monkeypatch):
     assert torch.equal(table(ids), W[ids])
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
     torch.testing.assert_close(head(x).double(), _reference(x, W), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tied_table_repacked_for_the_head_looks_up_exact_rows(tiny_model_factory, monkeypatch, dtype):
+    """The tied table held as x16: lookups decode its rows exactly (the C++ decoder), the head runs
+    the x16 kernel (close to the checkpoint-layout kernel's logits), and a reload of the table puts
+    it back in the checkpoint layout until processing repacks it again."""
+    _, folder = tiny_model_factory("llama_tied")
+    model = _load(folder, dtype, "1", monkeypatch).model
+    plain = _load(folder, dtype, "0", monkeypatch).model
+    emb, plain_emb = model.model.embed_tokens, plain.model.embed_tokens
+    assert type(emb.weight) is X16Weight and emb._logits_kernel.x16 and type(plain_emb.weight) is nn.Parameter
+    ids = torch.tensor([0, 5, emb.vocab_size - 1, 5, 17])
+    assert torch.equal(emb(ids), plain_emb(ids)) and torch.equal(emb(ids), plain_emb.weight[ids])
+    prompt = random_prompt(13, seed=2)
+    atol = 1e-4 if dtype == "float32" else 0.1
+    torch.testing.assert_close(_greedy(model, prompt)[: len(prompt)], _greedy(plain, prompt)[: len(prompt)],
+                               atol=atol, rtol=0.02)
+    W = plain_emb.weight.detach().clone()
+    emb.load_weight("weight", W.flip(0), "model.embed_tokens.weight")  # a reload: checkpoint layout again
+    assert type(emb.weight) is nn.Parameter and not emb._logits_kernel.x16
+    assert torch.equal(emb(ids), W.flip(0)[ids])
+    monkeypatch.setenv("PAGEDCORE_DENSE_REPACK", "1")  # (the second _load left it "0")
+    emb.process_weights_after_loading()
+    assert type(emb.weight) is X16Weight and torch.equal(emb(ids), W.flip(0)[ids])
+    x = torch.randn(3, emb.hidden_size, generator=torch.Generator().manual_seed(1)).to(W.dtype)
+    torch.testing.assert_close(emb.logits(x).double(), _reference(x, W.flip(0)), atol=atol, rtol=0.02)

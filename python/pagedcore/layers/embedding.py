@@ -4,6 +4,12 @@ Dense (one float dtype, [vocab, hidden]) or, for a GGUF served as stored, the fi
 (uint8 [vocab, row_bytes], e.g. Q8_0: most of the default model's bytes). Blocked rows are decoded
 on lookup (only the rows of this step's tokens), and the tied LM head runs the quantized linear
 kernel over the same bytes: no float copy of the table exists.
+
+A dense table that is also the tied LM head is repacked into its x16 layout where dense layers are
+(ops/dense_repack.py: AVX512-BF16 CPUs by default): the head then runs the x16 kernel like every
+other linear, and the table is held once, as an X16Weight. Lookups of every held layout but the
+k-quants' are decoded in C++ from the bytes as held (ops/embedding_rows.py); a decode step's lookup
+through torch ops cost more than its one row is worth.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from torch import nn
 
 from pagedcore.layers.linear import KernelBinding
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
+from pagedcore.ops import dense_repack
 from pagedcore.ops import linear as linear_ops
+from pagedcore.ops.dense_repack import X16_FORMATS, X16Weight
+from pagedcore.ops.embedding_rows import decodes, embedding_rows
 
 
 class VocabEmbedding(nn.Module):
@@ -33,10 +42,14 @@ class VocabEmbedding(nn.Module):
         self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)  # dense tied head
         self._quant_kernel = None  # blocked tied head: QuantLinearKernel over self.weight
         self._quant_kernel_x_dtype = None
+        self.tied_head = False  # set by the model when this table is also its LM head (repacked then)
 
     def load_weight(self, param_name: str, loaded: CheckpointTensor, name: str) -> None:
         """Fills the table: GGUF blocks are kept when the loader offers them (block_format), else
         the values are converted into the dense [vocab, hidden] parameter."""
+        if type(self.weight) is X16Weight:  # a reload after processing: the checkpoint layout again
+            self.weight = nn.Parameter(self.weight.unpacked().contiguous(), requires_grad=False)
+            self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
             copy_weight(self.weight.data, loaded, name)
@@ -51,6 +64,10 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids int64 [num_tokens] -> [num_tokens, hidden], a new tensor (safe to modify in place)."""
+        held = self._held_format()
+        if held is not None and input_ids.is_cpu and decodes(held):  # C++: only these rows' bytes are read
+            table = self.weight.packed if type(self.weight) is X16Weight else self.weight
+            return embedding_rows(table, held, input_ids, self.hidden_size, self.dtype)
         if self.block_format is None:
             return F.embedding(input_ids, self.weight)
         from pagedcore.loader.gguf_dequant import dequantize_rows  # (the loader package imports layers)
@@ -63,11 +80,36 @@ class VocabEmbedding(nn.Module):
             rows = self.weight.index_select(0, input_ids)  # uint8 [num_tokens, row_bytes]
         return dequantize_rows(rows, self._ggml_type).to(self.dtype)  # [num_tokens, hidden]
 
+    def _held_format(self) -> str | None:
+        """The layout the table's bytes are in (a block format, "f32x16"/"bf16x16", or the dense
+        dtype's name), or None for a table not on the CPU / of another dtype (F.embedding's)."""
+        if self.block_format is not None:
+            return self.block_format
+        weight = self.weight
+        if type(weight) is X16Weight:
+            if weight.packed is not None:
+                return X16_FORMATS[weight.dtype]
+            self.weight = nn.Parameter(weight.plain, requires_grad=False)  # .data = t since: hold t
+            self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
+            weight = self.weight
+        if weight.is_cpu and weight.dtype is self.dtype and weight.is_contiguous():
+            return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(weight.dtype)
+        return None
+
     def process_weights_after_loading(self) -> None:
         """A blocked table repacks into 16-row groups where the CPU has the x16 kernel (as quantized
         linear layers do): the tied LM head's logits are the model's largest product at every batch
-        size, and lookups gather their rows' bytes back (ops/quant_repack.py). Same bytes."""
-        if self.block_format is None or os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
+        size, and lookups gather their rows' bytes back (ops/quant_repack.py). Same bytes.
+        A dense table that is the tied head repacks where dense layers do (dense_repack_enabled),
+        held once as an X16Weight; the head then runs the x16 kernel."""
+        if self.block_format is None:
+            weight = self.weight
+            if (self.tied_head and type(weight) is not X16Weight and weight.is_cpu
+                    and dense_repack.dense_repack_enabled(weight.dtype) and not dense_repack.x16_problem(weight)):
+                self.weight = nn.Parameter(X16Weight.of(weight.data), requires_grad=False)
+                self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32, x16=True)
+            return
+        if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
             return
         from pagedcore.ops.quant_repack import repack_x16, repackable
 
@@ -87,13 +129,19 @@ class VocabEmbedding(nn.Module):
                     self.weight, self.block_format, self.hidden_size, x_dtype=hidden.dtype, out_dtype=torch.float32)
                 self._quant_kernel_x_dtype = hidden.dtype
             return kernel(hidden.contiguous())
-        if self._logits_kernel.takes(hidden):
-            return self._logits_kernel(hidden, self.weight, None)
+        held = self._held_format()
+        kernel = self._logits_kernel
+        if kernel.takes(hidden):
+            x16 = held in X16_FORMATS.values()
+            if kernel.x16 != x16:  # the table was repacked or replaced since the binding was made
+                kernel = self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32, x16=x16)
+            return kernel(hidden, self.weight.packed if x16 else self.weight, None)
         return linear_ops.torch_linear(hidden, self.weight, None).float()
 
     def weight_bytes(self) -> dict[str, int]:
         """Resident bytes of the table by format."""
         fmt = self.block_format.removesuffix("x16") if self.block_format else str(self.weight.dtype).removeprefix("torch.")
+        # (an X16Weight's nbytes are W's: the packed layout holds the same bytes)
         return {fmt: self.weight.nbytes}  # a repacked table holds its file format's bytes
 
 
@@ -114,6 +162,9 @@ class VocabParallelEmbedding(VocabEmbedding):
             raise ValueError(f"checkpoint tensor {name!r}: tensor parallelism shards dense tables only; "
                              "load the model with --dtype float32|bfloat16")
         copy_weight(self.weight.data, loaded, name)
+
+    def process_weights_after_loading(self) -> None:
+        """Nothing: a rank's slice stays in the checkpoint layout (its lookups mask and all-reduce)."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids int64 [num_tokens] (global ids) -> [num_tokens, hidden], summed over the ranks."""

@@ -278,6 +278,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if config.tie_word_embeddings or not has_head
                         else Linear(config.hidden_size, vocab_rows, bias=False, method=method,
                                     out_dtype=torch.float32))
+        if config.tie_word_embeddings and has_head and self.model.embed_tokens is not None:
+            self.model.embed_tokens.tied_head = True  # it may repack for the head (layers/embedding.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata, intermediate: IntermediateTensors | None = None):
