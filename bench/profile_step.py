@@ -147,9 +147,11 @@ class Profiler:
 
 
 def stack_flops(mc) -> dict:
+    """FLOPs per token of each linear kind over all layers (the stack's timers cover every layer)."""
     q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
-    h, i = mc.hidden_size, mc.intermediate_size
-    return {"qkv": 2 * h * (q + 2 * kv), "o_proj": 2 * q * h, "gate_up": 2 * h * 2 * i, "down": 2 * i * h}
+    h, i, n = mc.hidden_size, mc.intermediate_size, mc.num_layers
+    return {"qkv": 2 * h * (q + 2 * kv) * n, "o_proj": 2 * q * h * n, "gate_up": 2 * h * 2 * i * n,
+            "down": 2 * i * h * n}
 
 
 def summarize(prof: Profiler, wall: float, cpu: float, threads: int, mc) -> dict:
@@ -173,7 +175,6 @@ def summarize(prof: Profiler, wall: float, cpu: float, threads: int, mc) -> dict
             cell[2] = per_token[kind] * stack_rows[b]
     model = total["model_forward"]
     ops = total["linears"] + total["attention"] + total["norms+rotary"] + total.get("stack_other", 0.0)
-    ops -= 0.0
     out = {
         "wall": wall, "steps": len(steps),
         "linears": total["linears"], "lm_head": total["lm_head"],
@@ -181,8 +182,9 @@ def summarize(prof: Profiler, wall: float, cpu: float, threads: int, mc) -> dict
         "attention (decode steps)": total["attention_decode_steps"],
         "norms+rotary": total["norms+rotary"],
         "sampler": total["sample"], "scheduler": total["schedule"] + total["update_and_outputs"],
-        "python glue (model)": max(0.0, model - total["lm_head"] - ops) if model else 0.0,
-        "input prep (worker)": max(0.0, total["forward"] - model),
+        # The engine's forward phase is the worker's input prep + model.forward + compute_logits.
+        "python glue (model)": max(0.0, model - ops) if model else 0.0,
+        "input prep (worker)": max(0.0, total["forward"] - model - total["lm_head"]),
         "idle threads (wall x threads - CPU)": max(0.0, wall * threads - cpu) / threads,
     }
     out["linear_table"] = {f"{k} {b}": {"seconds": s, "calls": n, "gflops": (f / s / 1e9) if s else 0.0}
