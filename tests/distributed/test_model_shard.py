@@ -2,7 +2,8 @@
 paged KV cache: a prefill (one prompt whole, one chunked) and decode steps of two sequences. Tensor
 parallelism sums partial products in another order than one matmul, so logits agree within
 ATOL/RTOL (measured: 4-5e-6 abs on the tiny models, 3.8e-5 on the default model, whose logits
-reach ~34); pipeline stages run the same ops in the same order, so their logits are bit-identical. Greedy
+reach ~34; 1.1e-4 where the one-process model's tied head runs the x16 kernel, repacked at load on
+AVX512-BF16 CPUs, and the shards' vocabulary slices the row-major one); pipeline stages run the same ops in the same order, so their logits are bit-identical. Greedy
 tokens are equal in every case.
 
 Covered: uneven heads by KV group (6 / 3 and the default model's 9 / 3), a KV head replicated on both
@@ -124,7 +125,7 @@ def test_default_model_tp2_matches_one_process(default_reference):
     """9 query / 3 KV heads: rank 0 takes KV heads 0-1 (6 query heads), rank 1 KV head 2 (3)."""
     results, worst = check_against_one_process(default_reference, None, ParallelLayout(tp_size=2))
     assert [r.num_kv_heads for r in results] == [2, 1]
-    assert worst < ATOL
+    assert worst < ATOL + RTOL * 34  # assert_close's bound at the default model's largest logits
 
 
 @needs_default_model
