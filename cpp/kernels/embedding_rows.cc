@@ -19,28 +19,6 @@ namespace {
 
 constexpr int64_t kGroupRows = 16;  // rows per x16 group
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    do {
-      man <<= 1;
-      ++e;
-    } while (!(man & 0x400u));
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 uint16_t load_u16(const void* p) {
   uint16_t v;
   std::memcpy(&v, p, sizeof v);
@@ -95,13 +73,13 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
       float* out = values + b * kBlock32;
       if (f == WeightFormat::kQ8_0) {
         const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(r) + b;
-        decode_q8_0(half_to_float(load_u16(&blk->d)), blk->qs, out);
+        decode_q8_0(fp16_to_float(load_u16(&blk->d)), blk->qs, out);
       } else if (f == WeightFormat::kQ4_0) {
         const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(r) + b;
-        decode_q4(f, half_to_float(load_u16(&blk->d)), 0.f, blk->qs, out);
+        decode_q4(f, fp16_to_float(load_u16(&blk->d)), 0.f, blk->qs, out);
       } else {
         const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(r) + b;
-        decode_q4(f, half_to_float(load_u16(&blk->d)), half_to_float(load_u16(&blk->m)), blk->qs, out);
+        decode_q4(f, fp16_to_float(load_u16(&blk->d)), fp16_to_float(load_u16(&blk->m)), blk->qs, out);
       }
     }
     return;
@@ -116,7 +94,7 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
       int8_t q[32];
       for (int j = 0; j < 8; ++j)
         for (int t = 0; t < 4; ++t) q[4 * j + t] = static_cast<int8_t>(blk->qs[j][4 * c + t] - 128);
-      decode_q8_0(half_to_float(blk->d[c]), q, out);
+      decode_q8_0(fp16_to_float(blk->d[c]), q, out);
     } else {
       uint8_t qs[16];  // the row's ggml nibble bytes: chunk j holds bytes 4 j .. 4 j + 3
       const uint8_t(*chunks)[64];
@@ -124,12 +102,12 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
       if (f == WeightFormat::kQ4_0x16) {
         const BlockQ4_0x16* blk = reinterpret_cast<const BlockQ4_0x16*>(table) + g * nb + b;
         chunks = blk->qs;
-        d = half_to_float(blk->d[c]);
+        d = fp16_to_float(blk->d[c]);
       } else {
         const BlockQ4_1x16* blk = reinterpret_cast<const BlockQ4_1x16*>(table) + g * nb + b;
         chunks = blk->qs;
-        d = half_to_float(blk->d[c]);
-        m = half_to_float(blk->m[c]);
+        d = fp16_to_float(blk->d[c]);
+        m = fp16_to_float(blk->m[c]);
       }
       for (int j = 0; j < 4; ++j) std::memcpy(qs + 4 * j, chunks[j] + 4 * c, 4);
       decode_q4(f == WeightFormat::kQ4_0x16 ? WeightFormat::kQ4_0 : WeightFormat::kQ4_1, d, m, qs, out);

@@ -37,6 +37,29 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// IEEE fp16 (as stored in GGUF blocks) -> fp32, exactly (subnormals, inf and NaN included).
+inline float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);  // inf / nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do {
+      man <<= 1;
+      ++e;
+    } while (!(man & 0x400u));
+    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // Round to nearest, ties to even (what torch's .to(torch.bfloat16) does); NaN stays a quiet NaN.
 inline uint16_t float_to_bf16(float f) {
   uint32_t bits;

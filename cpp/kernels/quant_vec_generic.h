@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include "kernels/kernel_types.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -190,27 +191,7 @@ struct QVecGeneric {
     return r;
   }
 
-  static float half_to_float(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
-    if (exp == 0x1f) {
-      bits = sign | 0x7f800000u | (man << 13);  // inf / nan
-    } else if (exp != 0) {
-      bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        man <<= 1;
-        ++e;
-      } while (!(man & 0x400u));
-      bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((man & 0x3ffu) << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-  }
+  static float half_to_float(uint16_t h) { return fp16_to_float(h); }
 };
 
 // The 16-lane trait of the repacked kernels (quant_x16_impl.h) in portable C++: the reference
