@@ -1,5 +1,5 @@
 // Types shared by the CPU kernels and their callers: dtype codes, the status a launcher returns,
-// scalar bf16 conversion. Torch-free and Python-free.
+// scalar bf16 and fp16 conversions. Torch-free and Python-free.
 #pragma once
 
 #include <cstdint>

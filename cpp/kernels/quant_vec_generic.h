@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
 #include "kernels/kernel_types.h"
 
 namespace pagedcore {
