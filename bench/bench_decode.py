@@ -49,19 +49,17 @@ import torch
 
 
 def weight_bytes_per_token(model) -> dict:
-    """Bytes of weights one decode token reads: each Linear's weight (+bias), and the LM head."""
-    cfg = model.config
-    elem = torch.empty(0, dtype=cfg.torch_dtype).element_size()
-    layer = 0
-    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    layer += h * (q + 2 * kv)          # qkv_proj
-    layer += q * h                     # o_proj
-    layer += h * 2 * inter             # gate_up_proj
-    layer += inter * h                 # down_proj
-    layer += 2 * h                     # two RMSNorm weights
-    lm_head = cfg.vocab_size * h
-    total = (layer * cfg.num_layers + lm_head + h) * elem
-    return {"total": total, "layers": layer * cfg.num_layers * elem, "lm_head": lm_head * elem}
+    """Bytes of weights one decode token reads, in the format each layer holds them (GGUF blocks as
+    stored, int8 per channel, bf16 or fp32): the decoder layers' weights and the LM head (the tied
+    table when the model has no separate head). An untied input table is not counted: a token reads
+    one row of it."""
+    from pagedcore.loader.weight_memory import weight_bytes_by_format
+    head = model.lm_head if getattr(model, "lm_head", None) is not None else model.model.embed_tokens
+    lm_head = sum(weight_bytes_by_format(head).values())
+    layers = sum(weight_bytes_by_format(model.model.layers).values())
+    norm = getattr(model.model, "norm", None)
+    final_norm = sum(weight_bytes_by_format(norm).values()) if norm is not None else 0
+    return {"total": layers + lm_head + final_norm, "layers": layers, "lm_head": lm_head}
 
 
 def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 15) -> float:
