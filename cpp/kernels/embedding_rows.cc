@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/embedding_rows_kquant.h"
 #include "kernels/parallel.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/quant_linear.h"
@@ -66,6 +67,10 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
   const int64_t nb = p.K / kBlock32;
   const uint8_t* table = static_cast<const uint8_t*>(p.table);
   const WeightFormat f = p.format;
+  if (is_kquant_table(f)) {
+    decode_kquant_row(f, p.table, row, p.K, values);
+    return;
+  }
   if (f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1) {
     const int64_t row_bytes = quant_row_bytes(f, p.K);
     const uint8_t* r = table + row * row_bytes;
@@ -153,21 +158,22 @@ DType dense_dtype(WeightFormat f) {
 
 bool has_embedding_rows(WeightFormat f) {
   return is_dense(f) || f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 ||
-         f == WeightFormat::kQ8_0x16 || f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16;
+         f == WeightFormat::kQ8_0x16 || f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 ||
+         is_kquant_table(f);
 }
 
 Status embedding_rows(const EmbeddingRowsParams& p) {
   const WeightFormat f = p.format;
   if (!has_embedding_rows(f))
     return Status::invalid(std::string("embedding_rows: no decoder for ") + weight_format_name(f) +
-                           " tables (dense, Q8_0, Q4_0, Q4_1 and their x16 repacks have one)");
+                           " tables (dense, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and their x16 repacks have one)");
   if (p.num_ids < 0 || p.num_rows <= 0 || p.K <= 0 || p.out_stride < p.K)
     return Status::invalid("embedding_rows: invalid sizes (num_ids " + std::to_string(p.num_ids) + ", rows " +
                            std::to_string(p.num_rows) + ", K " + std::to_string(p.K) + ", out_stride " +
                            std::to_string(p.out_stride) + ")");
   const bool x16 = is_x16_format(f);
   const bool blocked = !is_dense(f);
-  if ((blocked && p.K % kBlock32) || (x16 && p.num_rows % kGroupRows) ||
+  if ((blocked && p.K % (is_kquant_table(f) ? kBlockK : kBlock32)) || (x16 && p.num_rows % kGroupRows) ||
       (f == WeightFormat::kDenseBf16x16 && p.K % 2))
     return Status::invalid("embedding_rows: a " + std::string(weight_format_name(f)) + " table cannot have " +
                            std::to_string(p.num_rows) + " rows of " + std::to_string(p.K) + " values");

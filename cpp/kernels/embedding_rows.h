@@ -2,11 +2,10 @@
 //
 // The table is held as its LM head's kernel reads it (a tied head multiplies by the same bytes),
 // so a lookup decodes only the rows asked for, straight from that layout: dense rows (fp32 / bf16),
-// their x16 repacks, and the GGUF block formats Q8_0, Q4_0, Q4_1 in ggml rows or their x16 repacks
-// (quant_blocks.h). The values equal pagedcore.loader.gguf_dequant.dequantize_rows exactly: each
-// weight is d * q (Q4_0: d * (q - 8); Q4_1: d * q, rounded, then + m, rounded) in fp32, then rounded
-// once to bf16 when out_dtype is bf16. The k-quants are not decoded here (has_embedding_rows says
-// which formats are): their tables are looked up by the Python decoder.
+// their x16 repacks, and the GGUF block formats Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K in ggml rows or
+// their x16 repacks (quant_blocks.h). The values equal pagedcore.loader.gguf_dequant.dequantize_rows
+// exactly: each weight is d * q (Q4_0: d * (q - 8); Q4_1: d * q, rounded, then + m, rounded; the
+// k-quants as embedding_rows_kquant.h says) in fp32, then rounded once to bf16 when out_dtype is bf16.
 #pragma once
 
 #include <cstdint>

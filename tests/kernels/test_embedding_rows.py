@@ -17,6 +17,9 @@ from pagedcore.ops.quant_repack import gather_rows_x16, repack_x16
 from .test_quant_linear import _GGML, random_weight
 
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+KQUANT_FORMATS = ("q4_k", "q5_k", "q6_k")
+# A k-quant super-block's bytes and its fp16 fields' offsets (quant_blocks.h): Q4_K / Q5_K d, dmin; Q6_K d.
+_KQUANT_BLOCK = {"q4_k": (144, (0, 2)), "q5_k": (176, (0, 2)), "q6_k": (210, (208,))}
 
 
 def _special_scales(raw: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -56,6 +59,40 @@ def test_block_rows_equal_python_decoder(fmt, x16, out_dtype, K):
     assert _same_bits(got, want)
 
 
+def _special_kquant_scales(raw: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Some super-blocks' fp16 fields (d, and dmin) set to subnormals, zeros, infs and NaN."""
+    raw = raw.clone()
+    block_bytes, offsets = _KQUANT_BLOCK[fmt]
+    specials = np.array([6e-8, 3e-5, 0.0, -0.0, np.inf, -np.inf, np.nan, -2.5], dtype=np.float16).view(np.uint8)
+    blocks = raw.view(raw.shape[0], -1, block_bytes)
+    for i in range(8):
+        for j, offset in enumerate(offsets):
+            row = i + 8 * j
+            blocks[row, i % blocks.shape[1], offset:offset + 2] = torch.from_numpy(specials[2 * i:2 * i + 2].copy())
+    return raw
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("x16", [False, True], ids=["ggml", "x16"])
+@pytest.mark.parametrize("fmt", KQUANT_FORMATS)
+@pytest.mark.parametrize("K", [256, 768])
+def test_kquant_rows_equal_python_decoder(fmt, x16, out_dtype, K):
+    """Q4_K / Q5_K / Q6_K tables (the token tables of users' Q4_K_M, Q5_K_M, Q6_K files) against
+    gguf.quants' decoder, from the file layout and from the x16 repack."""
+    rng = np.random.default_rng(hash((fmt, K, "k")) % 2**32)
+    N = 48
+    raw, _, _ = random_weight(fmt, N, K, rng)
+    raw = _special_kquant_scales(raw, fmt)
+    table, held = (repack_x16(raw, fmt, K), fmt + "x16") if x16 else (raw, fmt)
+    ids = torch.tensor([0, 47, 5, 5, 16, 31, 1, 2, 3, 4, 9, 12, 33, 8, 15], dtype=torch.int64)
+    got = embedding_rows(table, held, ids, K, out_dtype)
+    rows = gather_rows_x16(table, ids, held, K) if x16 else raw.index_select(0, ids)
+    with np.errstate(invalid="ignore", over="ignore"):  # gguf.quants warns at inf * 0 (NaN, as ours)
+        want = dequantize_rows(rows, _GGML[fmt]).to(out_dtype)
+    assert got.shape == (ids.shape[0], K) and got.dtype is out_dtype
+    assert _same_bits(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("x16", [False, True], ids=["plain", "x16"])
 def test_dense_rows_equal_the_table(dtype, x16):
@@ -86,9 +123,10 @@ def test_errors_name_the_problem():
         embedding_rows(raw[:, :-1].contiguous(), "q8_0", torch.tensor([0]), 64, torch.float32)
     with pytest.raises(ValueError, match="cannot have 8 rows"):  # x16 needs whole 16-row groups
         embedding_rows(raw[:8].contiguous(), "q8_0x16", torch.tensor([0]), 64, torch.float32)
-    with pytest.raises(ValueError, match="no C\\+\\+ decoder for 'q4_k'"):
-        embedding_rows(raw, "q4_k", torch.tensor([0]), 64, torch.float32)
+    with pytest.raises(ValueError, match="no C\\+\\+ decoder for 'q2_k'"):
+        embedding_rows(raw, "q2_k", torch.tensor([0]), 64, torch.float32)
     with pytest.raises(ValueError, match="holds torch.float32"):
         embedding_rows(torch.zeros(4, 8), "float32", torch.tensor([0]), 8, torch.bfloat16)
-    assert not decodes("q6_k") and all(decodes(f) for f in TABLE_FORMATS)
+    assert not decodes("q2_k") and all(decodes(f) for f in TABLE_FORMATS)
+    assert all(decodes(f) and decodes(f + "x16") for f in KQUANT_FORMATS)
     assert embedding_rows(raw, "q8_0", torch.tensor([], dtype=torch.int64), 64, torch.float32).shape == (0, 64)

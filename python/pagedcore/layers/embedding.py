@@ -7,9 +7,9 @@ kernel over the same bytes: no float copy of the table exists.
 
 A dense table that is also the tied LM head is repacked into its x16 layout where dense layers are
 (ops/dense_repack.py: AVX512-BF16 CPUs by default): the head then runs the x16 kernel like every
-other linear, and the table is held once, as an X16Weight. Lookups of every held layout but the
-k-quants' are decoded in C++ from the bytes as held (ops/embedding_rows.py); a decode step's lookup
-through torch ops cost more than its one row is worth.
+other linear, and the table is held once, as an X16Weight. Lookups of every held layout (dense,
+GGUF blocks incl. the k-quants, their x16 repacks) are decoded in C++ from the bytes as held
+(ops/embedding_rows.py); a decode step's lookup through torch ops cost more than its one row is worth.
 """
 
 from __future__ import annotations

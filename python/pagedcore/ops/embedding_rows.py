@@ -24,13 +24,16 @@ TABLE_FORMATS = {
     "q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
     "q8_0x16": _core.WeightFormat.Q8_0X16, "q4_0x16": _core.WeightFormat.Q4_0X16,
     "q4_1x16": _core.WeightFormat.Q4_1X16,
+    "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
+    "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
+    "q6_kx16": _core.WeightFormat.Q6_KX16,
 }
 _DENSE_DTYPES = {"float32": torch.float32, "f32x16": torch.float32, "bfloat16": torch.bfloat16,
                  "bf16x16": torch.bfloat16}
 
 
 def decodes(fmt: str) -> bool:
-    """Whether embedding_rows decodes tables held as `fmt` (the k-quants are decoded in Python)."""
+    """Whether embedding_rows decodes tables held as `fmt`."""
     return fmt in TABLE_FORMATS
 
 
@@ -65,7 +68,7 @@ def _table_rows(table: torch.Tensor, fmt: str, K: int) -> int:
     else:
         from pagedcore.ops.quant_linear import row_bytes
 
-        rows, rem = divmod(table.numel(), row_bytes(fmt.removesuffix("x16"), K))
+        rows, rem = divmod(table.numel(), row_bytes(fmt, K))  # x16: the repacked row (k-quants: > ggml's)
     if rem or rows == 0:
         raise ValueError(f"embedding_rows: a {fmt} table of {table.numel()} elements is not whole rows of K = {K}")
     return rows
