@@ -1,14 +1,34 @@
 // pagedcore._core's fused elementwise entries (cpp/kernels/norm.h): RMSNorm with the residual add,
-// and the rotary embedding. Raw-pointer entries of pagedcore.ops.elementwise (see bind_common.h).
+// and the rotary embedding; and the greedy argmax over logit rows (cpp/kernels/argmax_rows.h).
+// Raw-pointer entries of pagedcore.ops.elementwise and pagedcore.ops.argmax (see bind_common.h).
 #include <pybind11/pybind11.h>
 
 #include "bindings/bind_common.h"
+#include "kernels/argmax_rows.h"
 #include "kernels/norm.h"
 
 namespace pagedcore {
 namespace bindings {
 
 void bind_norm(py::module_& m) {
+  m.def(
+      "argmax_rows_cpu",
+      [](uintptr_t logits, int64_t num_rows, int64_t vocab, int64_t row_stride, uintptr_t out) {
+        kernels::ArgmaxRowsParams p;
+        p.logits = ptr<const float>(logits);
+        p.num_rows = num_rows;
+        p.vocab = vocab;
+        p.row_stride = row_stride;
+        p.out = ptr<int64_t>(out);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::argmax_rows(p);
+        }
+        raise_if_error(status);
+      },
+      py::arg("logits"), py::arg("num_rows"), py::arg("vocab"), py::arg("row_stride"), py::arg("out"),
+      "Raw-pointer entry of pagedcore.ops.argmax.argmax_rows (call that instead).");
   m.def(
       "rms_norm_cpu",
       [](uintptr_t out, uintptr_t residual, uintptr_t x, uintptr_t weight, int64_t rows, int64_t n,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pagedcore import _core
+from pagedcore.ops.argmax import argmax_rows
 from pagedcore.outputs import RequestOutput
 from pagedcore.sampling.grammar_mask import apply_grammar_bitmask_
 from pagedcore.sampling.logprobs import gather_logprobs, logprob_dicts
@@ -117,7 +118,7 @@ class OutputProcessor:
         if self.registry.num_constrained:
             self._mask_grammar(logits, all_rows)
         if all(_plain_greedy(s.params) for s in all_rows):
-            return logits.argmax(dim=-1).cpu().numpy(), None, logits
+            return argmax_rows(logits), None, logits
         md = SamplingMetadata.from_requests(
             [s.params for s in all_rows], vocab_size=logits.shape[1],
             eos_token_ids=self.eos_token_ids,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedcore.ops.argmax import argmax_rows_tensor
 from pagedcore.sampling.logprobs import gather_logprobs
 from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.noise import block_race
@@ -74,7 +75,7 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
-            return logits.argmax(dim=-1)
+            return argmax_rows_tensor(logits)
         if md.random_row_ids is None:  # every row random, already in sampling order: work in place
             return self._sample_random(logits, md)
         sampled = torch.empty(md.num_rows, dtype=torch.long, device=logits.device)  # [R]
@@ -83,7 +84,7 @@ class Sampler:
         random_rows = self.buffers.rows_of("random", logits, md.random_row_ids)  # [M, V]
         sampled[md.random_row_ids] = self._sample_random(random_rows, md)
         if md.greedy_row_ids is not None:
-            sampled[md.greedy_row_ids] = self.buffers.rows_of("greedy", logits, md.greedy_row_ids).argmax(dim=-1)
+            sampled[md.greedy_row_ids] = argmax_rows_tensor(self.buffers.rows_of("greedy", logits, md.greedy_row_ids))
         return sampled
 
     def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from pagedcore.ops.argmax import argmax_rows
 from pagedcore.spec_decode.config import SpeculativeConfig
 from pagedcore.spec_decode.draft_proposer import DraftRequest
 from pagedcore.spec_decode.ngram_proposer import propose_ngram
@@ -169,12 +170,12 @@ class Speculator:
             num_greedy_rows = int(num_rows[greedy].sum())
             if 2 * num_greedy_rows >= logits.shape[0]:
                 # Mostly draft rows (single-stream decode): one argmax over every row, no gather copy.
-                argmax = logits.argmax(dim=-1).cpu().numpy()                             # [num_logits]
+                argmax = argmax_rows(logits)                                             # [num_logits]
                 for i in greedy:
                     accepted[i] = accept_greedy(argmax[start[i]:start[i + 1]], drafts_of[i])
             else:
                 idx = np.concatenate([np.arange(start[i], start[i + 1]) for i in greedy])   # [Rg]
-                argmax = logits.index_select(0, torch.from_numpy(idx).to(logits.device)).argmax(dim=-1).cpu().numpy()
+                argmax = argmax_rows(logits.index_select(0, torch.from_numpy(idx).to(logits.device)))
                 offset = 0
                 for i in greedy:
                     n = int(num_rows[i])
