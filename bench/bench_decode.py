@@ -5,6 +5,8 @@ a decode step's time goes, op by op.
     .venv/bin/python bench/bench_decode.py --dtype bfloat16 --batch 1 --no-breakdown
     .venv/bin/python bench/bench_decode.py --engine-only          # single-stream tok/s through LLMEngine
     .venv/bin/python bench/bench_decode.py --json out.json        # every figure as JSON too
+    .venv/bin/python bench/bench_decode.py --dtype auto bfloat16 float32 --interleaved-floor 5
+                      # engine tok/s against the copy-bandwidth floor probed just before each run
 
 Sections:
   floor      weight bytes a decode step must read (every linear layer + the tied lm_head; norms and
@@ -280,6 +282,38 @@ def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int)
             best = {"tpot": tpot, "tok_per_s": 1 / tpot, "mean_tok_per_s": len(decode) / sum(decode), "split": split}
     return best
 
+def engine_against_floor(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
+    """Rounds of (the copy-bandwidth probe of `pagedcore bench roofline`, then one request of
+    output_len greedy tokens through LLMEngine): each round's tok/s over the floor measured seconds
+    before it. On a VM whose bandwidth drifts with its neighbours (the Zen 4 machines: 31-35 GB/s
+    within an hour) a floor probed minutes apart from the run it divides misstates the ratio."""
+    from pagedcore.benchmarks.machine import measure_bandwidth
+    from pagedcore.config import EngineConfig
+    from pagedcore.engine.llm_engine import LLMEngine
+    from pagedcore.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
+                       loaded=loaded)
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for r in range(rounds + 1):  # the first run warms up
+        copy_gbps = measure_bandwidth(min_time=0.3)["copy_gbps"]
+        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
+        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+        engine.add_request(f"f{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
+        times = []
+        while engine.has_unfinished_requests():
+            engine.step()
+            times.append(time.perf_counter())
+        if r == 0:
+            continue
+        tok_per_s = 1 / statistics.median([b - a for a, b in zip(times, times[1:])])
+        floor = copy_gbps * 1e9 / weight_bytes
+        out.append({"copy_gbps": copy_gbps, "floor_tok_per_s": floor, "tok_per_s": tok_per_s,
+                    "of_floor": tok_per_s / floor})
+    return {"rounds": out, "median_of_floor": statistics.median(x["of_floor"] for x in out)}
+
+
 # -- main -----------------------------------------------------------------------------------------
 
 
@@ -296,6 +330,9 @@ def main(argv=None) -> int:
     ap.add_argument("--output-len", type=int, default=128, help="engine: tokens generated per run")
     ap.add_argument("--threads", type=int, default=None, help="torch/kernel threads (default: all)")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
+    ap.add_argument("--interleaved-floor", type=int, default=0, metavar="ROUNDS",
+                    help="only: ROUNDS of (copy-bandwidth probe, one engine request), each round's "
+                         "tok/s against the floor probed just before it")
     args = ap.parse_args(argv)
 
     from pagedcore.loader import load_model
@@ -320,6 +357,16 @@ def main(argv=None) -> int:
         print(f"\n== {dtype}: {wb['total'] / 1e6:.1f} MB of weights per decode token "
               f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
+        if args.interleaved_floor:
+            res = engine_against_floor(loaded, wb["total"], args.interleaved_floor, 64, args.output_len)
+            entry["interleaved_floor"] = res
+            for i, x in enumerate(res["rounds"]):
+                print(f"round {i}: copy {x['copy_gbps']:.1f} GB/s -> floor {x['floor_tok_per_s']:.1f} tok/s; "
+                      f"engine {x['tok_per_s']:.1f} tok/s = {100 * x['of_floor']:.0f}% of floor", flush=True)
+            print(f"median: {100 * res['median_of_floor']:.0f}% of the floor")
+            report[dtype] = entry
+            del loaded, model
+            continue
         if not args.engine_only:
             entry["steps"] = {}
             for b in args.batch:
