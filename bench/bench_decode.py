@@ -255,25 +255,36 @@ def breakdown(batch: DecodeBatch, steps: int, plain_step: float) -> dict:
 # -- engine single-stream -------------------------------------------------------------------------
 
 
-def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int) -> dict:
+def _engine(loaded):
     from pagedcore.config import EngineConfig
     from pagedcore.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
+                     loaded=loaded)
+
+
+def _one_request(engine, loaded, g, request_id: str, prompt_len: int, output_len: int):
+    """One greedy request of a random prompt run to output_len tokens -> (seconds of each decode step
+    after the prefill step, each step's engine.last_step_timing)."""
     from pagedcore.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
-                       loaded=loaded)
+    prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    engine.add_request(request_id, prompt_token_ids=prompt, params=params, output_kind="delta")
+    times, phases = [], []
+    while engine.has_unfinished_requests():
+        engine.step()
+        times.append(time.perf_counter())
+        phases.append(dict(engine.last_step_timing))
+    return [b - a for a, b in zip(times, times[1:])], phases
+
+
+def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int) -> dict:
+    engine = _engine(loaded)
     g = torch.Generator().manual_seed(1)
     best = None
     for r in range(repeats + 1):  # the first run warms up
-        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
-        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-        engine.add_request(f"r{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
-        times, phases = [], []
-        while engine.has_unfinished_requests():
-            engine.step()
-            times.append(time.perf_counter())
-            phases.append(dict(engine.last_step_timing))
-        decode = [b - a for a, b in zip(times, times[1:])]  # the steps after the prefill step
+        decode, phases = _one_request(engine, loaded, g, f"r{r}", prompt_len, output_len)
         if r == 0:
             continue
         tpot = statistics.median(decode)
@@ -285,29 +296,20 @@ def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int)
 def engine_against_floor(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
     """Rounds of (the copy-bandwidth probe of `pagedcore bench roofline`, then one request of
     output_len greedy tokens through LLMEngine): each round's tok/s over the floor measured seconds
-    before it. On a VM whose bandwidth drifts with its neighbours (the Zen 4 machines: 31-35 GB/s
-    within an hour) a floor probed minutes apart from the run it divides misstates the ratio."""
+    before it. On a VM whose bandwidth drifts with its neighbours (the Zen 4 machine, 2026-12-03: copy
+    probes of 27-49 GB/s seconds apart) a floor probed minutes apart from the run it divides misstates
+    the ratio."""
     from pagedcore.benchmarks.machine import measure_bandwidth
-    from pagedcore.config import EngineConfig
-    from pagedcore.engine.llm_engine import LLMEngine
-    from pagedcore.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
-                       loaded=loaded)
+    engine = _engine(loaded)
     g = torch.Generator().manual_seed(1)
     out = []
     for r in range(rounds + 1):  # the first run warms up
         copy_gbps = measure_bandwidth(min_time=0.3)["copy_gbps"]
-        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
-        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-        engine.add_request(f"f{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
-        times = []
-        while engine.has_unfinished_requests():
-            engine.step()
-            times.append(time.perf_counter())
+        decode, _ = _one_request(engine, loaded, g, f"f{r}", prompt_len, output_len)
         if r == 0:
             continue
-        tok_per_s = 1 / statistics.median([b - a for a, b in zip(times, times[1:])])
+        tok_per_s = 1 / statistics.median(decode)
         floor = copy_gbps * 1e9 / weight_bytes
         out.append({"copy_gbps": copy_gbps, "floor_tok_per_s": floor, "tok_per_s": tok_per_s,
                     "of_floor": tok_per_s / floor})

@@ -54,6 +54,8 @@ float half_at(const uint8_t* p) {
 }
 
 // ggml's 12 bytes of Q4_K / Q5_K scales -> sc[8], mn[8] (6-bit values; quant_repack._unpack_scales).
+// quant_kquant_impl.h has the same unpacking inside each per-ISA namespace: inline code in a header
+// shared by units built with different -m flags could link the AVX-512 copy into portable code.
 void unpack_scales(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
   for (int j = 0; j < 4; ++j) {
     sc[j] = q[j] & 63;
