@@ -216,11 +216,16 @@ def main(argv=None) -> int:
     if args.workload == "synthetic" and args.workload_file is None:
         args.workload_file = os.path.join(os.path.dirname(__file__), "workloads", "workload_n128_seed0.json")
         args.workload = "file"
+    # The op split needs the Python path's calls (compute_logits, the norm and rotary wrappers): the
+    # one-call greedy step (models/greedy_decode.py) would hide them. StepProbe (bench throughput)
+    # times that path instead.
+    os.environ["PAGEDCORE_GREEDY_DECODE"] = "0"
     engine, setup = build_engine(args)
     mc = engine.view.model_config
     requests = workloads.make_workload(args.workload, mc.vocab_size, args.num_prompts, args.seed_workload,
                                        args.workload_file, **workload_lengths(args))
     warm_up(engine, mc.vocab_size)
+    print("(the one-call greedy step is off here, PAGEDCORE_GREEDY_DECODE=0: steps take the Python path)")
     print(f"cpu: {_cpu_name()}  loadavg {os.getloadavg()}  threads {torch.get_num_threads()}  dtype "
           f"{setup['dtype']} ({setup['weight_format']})")
     for family, what in dispatch_report():

@@ -10,7 +10,9 @@ With ops=True every Linear (and the gate/up SwiGLU call) is timed as well (~120 
 ~0.5 ms a step): use it only to see the split, not for headline figures. Steps small enough for the
 C++ decoder stack (layers/decoder_stack.py) run no Python layers or attention calls; with ops=True
 the stack's own op timers (DecoderStack.set_profiling) add its linears (qkv, o_proj, gate_up, down)
-and attention (+ cache writes) to the step's record, so the split covers both paths.
+and attention (+ cache writes) to the step's record, so the split covers both paths. A step the
+worker runs as one greedy C++ call (models/greedy_decode.py) is split by that call's own timers:
+layers -> model_forward, final norm + head + argmax -> lm_head (so "sample" is ~0 for such steps).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class StepProbe:
         self._originals = {}
         self._t_model = 0.0
         self._profiled_stack = None   # the decoder stack whose op timers this probe turned on
+        self._timed_greedy = None     # the one-call greedy decoder whose timers this probe turned on
 
     # -- timers ------------------------------------------------------------------------------------
     def _timed(self, key, fn):
@@ -74,8 +77,28 @@ class StepProbe:
         self._acc["linears"] += sum(seconds.get(op, 0.0) for op in ("qkv", "o_proj", "gate_up", "down"))
         self._acc["attention"] += seconds.get("attention", 0.0) + seconds.get("cache_write", 0.0)
 
+    def _greedy_seconds(self) -> None:
+        """A step the worker ran as one greedy C++ call (models/greedy_decode.py) has no model forward
+        or compute_logits call to time: the decoder's own timers give its layers (lookup, rotary rows,
+        stack) and head (final norm, LM head, argmax) seconds, added to model_forward and lm_head."""
+        offer = getattr(self.engine.view.model, "greedy_decoder", None)
+        decoder = offer() if offer is not None else None
+        if decoder is not self._timed_greedy:   # built (or rebuilt) since: time it from now on
+            if self._timed_greedy is not None:
+                self._timed_greedy.set_timing(False)
+            if decoder is not None:
+                decoder.set_timing(True)
+                decoder.take_seconds()
+            self._timed_greedy = decoder
+            return
+        if decoder is not None:
+            layers, head = decoder.take_seconds()
+            self._acc["model_forward"] += layers
+            self._acc["lm_head"] += head
+
     def _listener(self, _out, _result, timing):
         self._stack_seconds()
+        self._greedy_seconds()
         rec = dict(timing)
         rec.update(self._acc)
         rec["input_prep"] = max(0.0, timing["forward"] - self._acc["model_forward"] - self._acc["lm_head"])
@@ -110,6 +133,7 @@ class StepProbe:
                     self._silu_mul_modules.append(module)
         self.engine.view.add_step_listener(self._listener)
         self._stack_seconds()   # a stack built by the warm-up: its timers start now
+        self._greedy_seconds()  # likewise the greedy decoder
         return self
 
     def __exit__(self, *exc) -> None:
@@ -126,6 +150,9 @@ class StepProbe:
         if self._profiled_stack is not None:
             self._profiled_stack.set_profiling(False)
             self._profiled_stack = None
+        if self._timed_greedy is not None:
+            self._timed_greedy.set_timing(False)
+            self._timed_greedy = None
 
     def take(self) -> list[dict]:
         """Returns the records so far and starts a new list."""

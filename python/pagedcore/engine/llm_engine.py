@@ -23,7 +23,7 @@ from pagedcore.distributed.parallel_config import executor_backend, machine_kv_c
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.beam_search import BeamSearch
 from pagedcore.engine.fault_injection import FaultInjector
-from pagedcore.engine.output_processor import OutputProcessor
+from pagedcore.engine.output_processor import OutputProcessor, plain_greedy
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
 from pagedcore.engine.step_input import StepInput
@@ -262,6 +262,12 @@ class LLMEngine:
         return len(self.registry)
 
     # -- the step ----------------------------------------------------------------------------------
+    def _greedy_only(self, rows) -> bool:
+        """Nothing but each sampled row's argmax is wanted from this step's logits: no drafts to verify,
+        no beams, no grammar masks, no first samples to fork (n > 1), every row plain greedy."""
+        return (self.speculator is None and len(self.beam_search) == 0 and not self.registry.num_constrained
+                and all(plain_greedy(s.params) and not s.request.needs_fork for s in rows))
+
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for
         output_kind 'final')."""
@@ -282,16 +288,24 @@ class LLMEngine:
         extra_rows = self.output_processor.prompt_logprob_rows(out)
         step_input = StepInput.from_scheduler_output(out, extra_rows)
         self.output_processor.start_grammar_masks(out)   # structured output: masks fill during the forward
-        logits = self.worker.execute_step(step_input)
+        rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
+        # Argmax alone decides every sampled row: the worker may run the step and the argmax in one
+        # C++ call (models/greedy_decode.py); None when it does not, having run nothing.
+        greedy_tokens = (self.worker.execute_greedy_step(step_input)
+                         if extra_rows is None and self._greedy_only(rows) else None)
+        logits = self.worker.execute_step(step_input) if greedy_tokens is None else None
         if self.speculator is not None:
             self.speculator.observe_step(step_input, out)   # a draft model runs the same rows (no logits)
         if self.fault_injector is not None:
             self.fault_injector.on_step()
         t_forward = time.perf_counter()
         num_samples = len(out.sample_seq_ids)
-        rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
         beam_step = None
-        if out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)
+        if greedy_tokens is not None:
+            sampled, sampler_output, process_rows = greedy_tokens, None, rows
+            t_sampled = time.perf_counter()
+            result = self.scheduler.update(sampled, None)
+        elif out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)
             num_samples = len(out.logits_indices)   # prompt-logprob rows follow every sample's rows
             result, process_rows, sampled, sampler_output = self.speculator.verify_step(
                 out, logits[:num_samples], rows)

@@ -66,6 +66,21 @@ class ModelRunner:
         self.model.compute_logits(hidden[:num_logits_rows])
 
     @torch.inference_mode()
+    def execute_greedy(self, step: StepInput) -> np.ndarray | None:
+        """The step's greedy tokens (int64 [len(step.logits_indices)], each row's argmax) from one C++
+        call (models/greedy_decode.py), or None where that path does not take the step: nothing has
+        run then, and the caller runs execute() and samples. The caller has checked that every
+        sampled row is plain greedy and that no other logits rows are asked for."""
+        if self.lora_manager is not None or self.device.type != "cpu" or step.num_tokens == 0:
+            return None
+        offer = getattr(self.model, "greedy_decoder", None)
+        decoder = offer() if offer is not None else None
+        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache):
+            return None
+        self.move_blocks(step)
+        return decoder(step, self.kv_cache)
+
+    @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """Runs the forward of one step. Returns fp32 logits [num_logits_rows, vocab], the rows of
         step.logits_indices (sampled rows, then prompt-logprob rows)."""

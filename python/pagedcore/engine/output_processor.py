@@ -35,7 +35,7 @@ _STOP = int(_core.FinishReason.STOP.value)
 _LENGTH = int(_core.FinishReason.LENGTH.value)
 
 
-def _plain_greedy(params) -> bool:
+def plain_greedy(params) -> bool:
     """Greedy with nothing that changes or reports the logits: argmax alone decides."""
     return (params.temperature == 0 and not params.has_penalties and not params.logit_bias
             and params.min_tokens == 0 and params.logprobs is None)
@@ -117,7 +117,7 @@ class OutputProcessor:
             logits = logits.index_select(0, torch.as_tensor(index, device=logits.device))  # [samples + forks, vocab]
         if self.registry.num_constrained:
             self._mask_grammar(logits, all_rows)
-        if all(_plain_greedy(s.params) for s in all_rows):
+        if all(plain_greedy(s.params) for s in all_rows):
             return argmax_rows(logits), None, logits
         md = SamplingMetadata.from_requests(
             [s.params for s in all_rows], vocab_size=logits.shape[1],

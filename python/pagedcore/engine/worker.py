@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagedcore.engine import kv_cache as kvc
@@ -59,6 +60,12 @@ class Worker(ABC):
     def execute_step(self, step: StepInput) -> torch.Tensor:
         """Block moves, then the forward. Returns fp32 logits [num_logits_rows, vocab] (step.logits_indices)."""
 
+    def execute_greedy_step(self, step: StepInput) -> np.ndarray | None:
+        """For a step whose sampled rows are all plain greedy (the engine checked): block moves, the
+        forward and each row's argmax in one go -> int64 [len(step.logits_indices)]; or None, having
+        run nothing, where the worker has no such path (the engine then calls execute_step)."""
+        return None
+
     @abstractmethod
     def memory_report(self) -> MemoryReport:
         """Bytes held: weights, KV cache, swap pool."""
@@ -104,6 +111,9 @@ class InProcessWorker(Worker):
 
     def execute_step(self, step: StepInput) -> torch.Tensor:
         return self.runner.execute(step)
+
+    def execute_greedy_step(self, step: StepInput) -> np.ndarray | None:
+        return self.runner.execute_greedy(step)
 
     def memory_report(self) -> MemoryReport:
         model = self.runner.model

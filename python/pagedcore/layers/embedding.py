@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedcore.layers.linear import KernelBinding
+from pagedcore.layers.linear_quant import QUANT_MAX_ROWS
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import dense_repack
 from pagedcore.ops import linear as linear_ops
@@ -121,22 +122,41 @@ class VocabEmbedding(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied LM head: hidden [num_rows, hidden] -> fp32 logits [num_rows, vocab]."""
         if self.block_format is not None:
-            kernel = self._quant_kernel
-            if kernel is None or not kernel.matches(self.weight) or hidden.dtype is not self._quant_kernel_x_dtype:
-                from pagedcore.ops.quant_linear import QuantLinearKernel
-
-                kernel = self._quant_kernel = QuantLinearKernel(
-                    self.weight, self.block_format, self.hidden_size, x_dtype=hidden.dtype, out_dtype=torch.float32)
-                self._quant_kernel_x_dtype = hidden.dtype
-            return kernel(hidden.contiguous())
+            return self._blocked_head(hidden.dtype)(hidden.contiguous())
         held = self._held_format()
-        kernel = self._logits_kernel
-        if kernel.takes(hidden):
-            x16 = held in X16_FORMATS.values()
-            if kernel.x16 != x16:  # the table was repacked or replaced since the binding was made
-                kernel = self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32, x16=x16)
-            return kernel(hidden, self.weight.packed if x16 else self.weight, None)
+        binding = self._dense_head_binding(held)
+        if binding.takes(hidden):
+            return binding(hidden, self.weight.packed if binding.x16 else self.weight, None)
         return linear_ops.torch_linear(hidden, self.weight, None).float()
+
+    def head_kernel(self, x_dtype: torch.dtype):
+        """(the kernel binding logits() runs for x of x_dtype, the most rows it takes in one call), or
+        None where logits() calls torch (models/greedy_decode.py runs the head through it)."""
+        if self.block_format is not None:
+            return self._blocked_head(x_dtype), QUANT_MAX_ROWS
+        held = self._held_format()
+        if held is None or x_dtype is not self.weight.dtype:
+            return None
+        binding = self._dense_head_binding(held)
+        return binding.bound(self.weight.packed if binding.x16 else self.weight, None, x_dtype), binding.max_rows
+
+    def _blocked_head(self, x_dtype: torch.dtype):
+        """The QuantLinearKernel over the table's blocks for x of x_dtype (built again when either changed)."""
+        kernel = self._quant_kernel
+        if kernel is None or not kernel.matches(self.weight) or x_dtype is not self._quant_kernel_x_dtype:
+            from pagedcore.ops.quant_linear import QuantLinearKernel
+
+            kernel = self._quant_kernel = QuantLinearKernel(
+                self.weight, self.block_format, self.hidden_size, x_dtype=x_dtype, out_dtype=torch.float32)
+            self._quant_kernel_x_dtype = x_dtype
+        return kernel
+
+    def _dense_head_binding(self, held: str | None) -> KernelBinding:
+        """The dense head's KernelBinding for the table as held (rebound if it was repacked or replaced)."""
+        x16 = held in X16_FORMATS.values()
+        if self._logits_kernel.x16 != x16:
+            self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32, x16=x16)
+        return self._logits_kernel
 
     def weight_bytes(self) -> dict[str, int]:
         """Resident bytes of the table by format."""

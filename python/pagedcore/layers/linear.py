@@ -51,12 +51,16 @@ class KernelBinding:
         return 0 < x.shape[0] <= self.max_rows and x.dim() == 2 and x.is_cpu
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.bound(weight, bias, x.dtype)(x)
+
+    def bound(self, weight: torch.Tensor, bias: torch.Tensor | None, x_dtype: torch.dtype) -> linear_ops.LinearKernel:
+        """The kernel for x of x_dtype against weight as held now (built again if either changed)."""
         kernel = self.kernel
-        if kernel is None or x.dtype is not kernel.x_dtype or not kernel.matches(weight):
+        if kernel is None or x_dtype is not kernel.x_dtype or not kernel.matches(weight):
             self.max_rows = dense_repack.X16_MAX_ROWS if self.x16 else linear_ops.max_rows(weight.dtype)
             kernel = self.kernel = linear_ops.LinearKernel(
-                weight, bias, silu_mul=self.silu_mul, x_dtype=x.dtype, out_dtype=self.out_dtype, x16=self.x16)
-        return kernel(x)
+                weight, bias, silu_mul=self.silu_mul, x_dtype=x_dtype, out_dtype=self.out_dtype, x16=self.x16)
+        return kernel
 
 
 class LibraryBinding:
@@ -116,6 +120,13 @@ class LinearMethod:
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a gate/up layer (gate rows first): [num_tokens, in] -> [num_tokens, out // 2]."""
         raise NotImplementedError
+
+    def kernel_for(self, layer: Linear, x_dtype: torch.dtype):
+        """(the C++ kernel binding that computes the whole layer for x of x_dtype: a LinearKernel or
+        QuantLinearKernel with a .handle, the most rows it takes in one call), or None where no single
+        binding does (a library GEMM, parts in several formats): models/greedy_decode.py runs the LM
+        head through it."""
+        return None
 
 
 class DenseLinearMethod(LinearMethod):
@@ -205,6 +216,16 @@ class DenseLinearMethod(LinearMethod):
         else:  # not a 2-D CPU x of 1..X16_MAX_ROWS rows: W unpacked for this call (never seen in serving)
             y = linear_ops.torch_linear(x, dense_repack.unpack_x16(packed), layer.bias)
         return y if layer.out_dtype is None else y.to(layer.out_dtype)
+
+    def kernel_for(self, layer: Linear, x_dtype: torch.dtype):
+        """(the kernel that runs this layer for x of x_dtype, the most rows it takes), or None where the
+        layer's calls go elsewhere (not on the CPU, an adapter hook)."""
+        packed = self._held(layer)
+        if layer.lora is not None or not layer.weight.is_cpu or x_dtype is not self.dtype:
+            return None
+        binding = layer._kernel
+        kernel = binding.bound(layer.weight if packed is None else packed, layer.bias, x_dtype)
+        return kernel, binding.max_rows
 
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         packed = self._held(layer)

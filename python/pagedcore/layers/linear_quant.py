@@ -33,6 +33,7 @@ from pagedcore.layers.weights import CheckpointTensor, copy_weight
 
 INT8_PER_CHANNEL = "int8_per_channel"
 _DENSE_PART = "float32"  # a float tensor of a quantized file, kept fp32 and run by torch
+QUANT_MAX_ROWS = 1 << 30  # rows a quantized kernel takes in one call: any (there is no library GEMM to hand off to)
 
 
 @dataclasses.dataclass
@@ -138,6 +139,13 @@ class QuantLinearMethod(LinearMethod):
         if changed and len(layer.quant_parts) == 1 and layer.quant_parts[0].num_rows == layer.out_features:
             layer.weight.data = layer.quant_parts[0].weight  # the layer's one tensor, as _insert_part keeps it
 
+    def kernel_for(self, layer: Linear, x_dtype: torch.dtype):
+        parts = layer.quant_parts
+        if (layer.lora is not None or len(parts) != 1 or parts[0].num_rows != layer.out_features
+                or parts[0].format == _DENSE_PART or x_dtype not in (torch.float32, torch.bfloat16)):
+            return None
+        return _part_kernel(parts[0], layer, x_dtype, silu_mul=False), QUANT_MAX_ROWS
+
     def weight_bytes(self, layer: Linear) -> dict[str, int]:
         """Resident bytes of the layer's weights by format (bias included, as float32)."""
         counts: dict[str, int] = {}
@@ -188,15 +196,23 @@ def _run_part(part: QuantPart, layer: Linear, x: torch.Tensor, silu_mul: bool) -
         return y if layer.out_dtype is None else y.to(layer.out_dtype)
     if x.shape[0] == 0:
         return x.new_empty(0, part.num_rows // 2 if silu_mul else part.num_rows, dtype=layer.out_dtype or x.dtype)
-    key = (silu_mul, x.dtype)
+    kernel = _part_kernel(part, layer, x.dtype, silu_mul)
+    return kernel(x if x.is_contiguous() else x.contiguous())
+
+
+def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul: bool):
+    """The part's QuantLinearKernel for x of x_dtype (built once per (silu_mul, x_dtype), again if the
+    part's tensor was replaced)."""
+    key = (silu_mul, x_dtype)
     kernel = part.kernels.get(key)
     if kernel is None or not kernel.matches(part.weight):
         from pagedcore.ops.quant_linear import QuantLinearKernel
 
+        bias = None if layer.bias is None else layer.bias.narrow(0, part.row_start, part.num_rows)  # [part rows]
         kernel = part.kernels[key] = QuantLinearKernel(
             part.weight, part.format, layer.in_features, bias, scales=part.scales, silu_mul=silu_mul,
-            x_dtype=x.dtype, out_dtype=None if silu_mul else layer.out_dtype)
-    return kernel(x if x.is_contiguous() else x.contiguous())
+            x_dtype=x_dtype, out_dtype=None if silu_mul else layer.out_dtype)
+    return kernel
 
 
 QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {

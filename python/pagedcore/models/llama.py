@@ -30,6 +30,7 @@ from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
+from pagedcore.models.greedy_decode import GreedyDecode, binding_key
 
 # Checkpoint projection -> (fused parameter it lands in, shard id inside it).
 _FUSED_SHARDS = {
@@ -280,6 +281,9 @@ class LlamaForCausalLM(nn.Module):
                                     out_dtype=torch.float32))
         if config.tie_word_embeddings and has_head and self.model.embed_tokens is not None:
             self.model.embed_tokens.tied_head = True  # it may repack for the head (layers/embedding.py)
+        self._greedy: GreedyDecode | None = None  # the one-call greedy step (models/greedy_decode.py)
+        self._greedy_key: tuple | None = None     # what it was decided for (binding_key)
+        self.greedy_decode_reason = "not decided yet"  # why there is none ("" when there is)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata, intermediate: IntermediateTensors | None = None):
@@ -292,6 +296,18 @@ class LlamaForCausalLM(nn.Module):
     @property
     def decoder_stack_status(self) -> StackSupport:
         return self.model.decoder_stack_status
+
+    def greedy_decoder(self) -> GreedyDecode | None:
+        """The one-call greedy step over the weights as they are now (decided again when they move),
+        or None (greedy_decode_reason says why)."""
+        key = binding_key(self)
+        if key != self._greedy_key:
+            self._greedy_key = key
+            if key == (None,):
+                self._greedy, self.greedy_decode_reason = None, "off (a shard, or PAGEDCORE_GREEDY_DECODE=0)"
+            else:
+                self._greedy, self.greedy_decode_reason = GreedyDecode.of(self)
+        return self._greedy
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden_size] (only the rows being sampled) -> fp32 [num_rows, vocab_size]; a

@@ -53,7 +53,7 @@ def embedding_rows(table: torch.Tensor, fmt: str, ids: torch.Tensor, K: int, out
         raise ValueError(f"embedding_rows: a {fmt} table is uint8 block bytes, not {table.dtype}")
     if out_dtype not in CPU_DTYPE_CODES:
         raise ValueError(f"embedding_rows: rows come out as float32 or bfloat16, not {out_dtype}")
-    num_rows = _table_rows(table, fmt, K)
+    num_rows = table_rows(table, fmt, K)
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.shape[0], K, dtype=out_dtype)  # [n, K]
     _core.embedding_rows_cpu(out.data_ptr(), table.data_ptr(), ids.data_ptr(), ids.shape[0], num_rows, K, K,
@@ -61,7 +61,7 @@ def embedding_rows(table: torch.Tensor, fmt: str, ids: torch.Tensor, K: int, out
     return out
 
 
-def _table_rows(table: torch.Tensor, fmt: str, K: int) -> int:
+def table_rows(table: torch.Tensor, fmt: str, K: int) -> int:
     """The table's number of rows, checked against its bytes (the kernel trusts this)."""
     if fmt in _DENSE_DTYPES:
         rows, rem = divmod(table.numel(), K)

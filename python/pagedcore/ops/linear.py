@@ -140,6 +140,11 @@ class LinearKernel:
         """Still bound to this weight's memory (False after e.g. module.to() replaced it)."""
         return weight.data_ptr() == self.weight_ptr
 
+    @property
+    def handle(self):
+        """The bound _core.LinearHandle (for C++ callers such as _core.GreedyDecoder)."""
+        return self._handle
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # Fast path: each property read once; anything unusual goes to the detailed checks.
         try:

@@ -138,6 +138,11 @@ class QuantLinearKernel:
         """Still bound to this weight's memory (False after e.g. module.to() replaced it)."""
         return weight.data_ptr() == self.weight_ptr
 
+    @property
+    def handle(self):
+        """The bound _core.LinearHandle (for C++ callers such as _core.GreedyDecoder)."""
+        return self._handle
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         try:
             shape = x.shape

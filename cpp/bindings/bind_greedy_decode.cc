@@ -1,0 +1,117 @@
+// pagedcore._core.GreedyDecoder (cpp/kernels/greedy_decode.h): the model's token table, rotary
+// table, final norm and LM head bound once (pagedcore.models.greedy_decode builds one); run() takes
+// one step's arrays as the scheduler made them (numpy, no copies) and returns its greedy tokens.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "bindings/bind_common.h"
+#include "kernels/decoder_stack.h"
+#include "kernels/greedy_decode.h"
+
+namespace pagedcore {
+namespace bindings {
+
+namespace {
+
+template <typename T>
+using Array = py::array_t<T, py::array::c_style>;  // no forcecast: a wrong dtype is a TypeError, not a copy
+
+void expect_1d(const py::array& a, const char* name, int64_t size) {
+  if (a.ndim() != 1 || (size >= 0 && a.shape(0) != size))
+    throw py::value_error(std::string("GreedyDecoder.run: ") + name + " must be 1-D" +
+                          (size >= 0 ? " of " + std::to_string(size) + " entries" : std::string()) + ", got " +
+                          std::to_string(a.ndim()) + "-D of " + std::to_string(a.ndim() ? a.shape(0) : 0));
+}
+
+}  // namespace
+
+void bind_greedy_decode(py::module_& m) {
+  py::class_<kernels::GreedyDecoder>(
+      m, "GreedyDecoder",
+      "Token table, rotary table, final norm and LM head of a model whose layers a DecoderStack runs "
+      "(pagedcore.models.greedy_decode builds it).")
+      .def(py::init([](uintptr_t table, int64_t table_rows, int64_t hidden_size, kernels::WeightFormat table_format,
+                       int32_t dtype, uintptr_t cos_sin_cache, int64_t max_position, uintptr_t final_norm,
+                       double final_norm_eps, const kernels::LinearLayer& head, int64_t head_max_rows) {
+             kernels::GreedyDecoder g;
+             g.embedding.table = ptr<const void>(table);
+             g.embedding.num_rows = table_rows;
+             g.embedding.K = hidden_size;
+             g.embedding.format = table_format;
+             g.embedding.out_dtype = to_dtype(dtype);
+             g.cos_sin_cache = ptr<const void>(cos_sin_cache);
+             g.max_position = max_position;
+             g.final_norm = ptr<const void>(final_norm);
+             g.final_norm_eps = static_cast<float>(final_norm_eps);
+             g.head = head;
+             g.head_max_rows = head_max_rows;
+             return g;
+           }),
+           py::kw_only(), py::arg("table"), py::arg("table_rows"), py::arg("hidden_size"), py::arg("table_format"),
+           py::arg("dtype"), py::arg("cos_sin_cache"), py::arg("max_position"), py::arg("final_norm"),
+           py::arg("final_norm_eps"), py::arg("head"), py::arg("head_max_rows"))
+      .def(
+          "run",
+          [](kernels::GreedyDecoder& g, kernels::DecoderStack& stack, const Array<int64_t>& input_ids,
+             const Array<int64_t>& positions, uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks,
+             int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
+             const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_query_len,
+             int64_t max_seq_len, const Array<int64_t>& logits_indices) {
+            expect_1d(input_ids, "input_ids", -1);
+            const int64_t T = input_ids.shape(0);
+            expect_1d(positions, "positions", T);
+            expect_1d(slot_mapping, "slot_mapping", T);
+            expect_1d(seq_lens, "seq_lens", -1);
+            const int64_t num_seqs = seq_lens.shape(0);
+            expect_1d(query_start_loc, "query_start_loc", num_seqs + 1);
+            expect_1d(logits_indices, "logits_indices", -1);
+            if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs)
+              throw py::value_error("GreedyDecoder.run: block_tables must be [num_seqs, max_blocks] with num_seqs = " +
+                                    std::to_string(num_seqs));
+            kernels::DecoderStackParams step;
+            step.num_tokens = T;
+            step.kv_cache = ptr<void>(kv_cache);
+            step.cache_dtype = to_dtype(cache_dtype);
+            step.num_blocks = num_blocks;
+            step.block_size = block_size;
+            step.slot_mapping = slot_mapping.data();
+            step.block_tables = block_tables.data();
+            step.seq_lens = seq_lens.data();
+            step.query_start_loc = query_start_loc.data();
+            step.num_seqs = num_seqs;
+            step.max_blocks_per_seq = block_tables.shape(1);
+            step.max_query_len = max_query_len;
+            step.max_seq_len = max_seq_len;
+            const int64_t num_rows = logits_indices.shape(0);
+            py::array_t<int64_t> tokens(num_rows);  // [num_rows]
+            kernels::Status status;
+            {
+              py::gil_scoped_release release;
+              status = g.run(stack, step, input_ids.data(), positions.data(), logits_indices.data(), num_rows,
+                             tokens.mutable_data());
+            }
+            raise_if_error(status);
+            return tokens;
+          },
+          py::arg("stack"), py::arg("input_ids"), py::arg("positions"), py::arg("kv_cache"), py::arg("cache_dtype"),
+          py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
+          py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_query_len"), py::arg("max_seq_len"),
+          py::arg("logits_indices"),
+          "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]. "
+          "kv_cache is a raw pointer (the caller checks the cache tensor); every index is checked here.")
+      .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
+      .def(
+          "seconds",
+          [](kernels::GreedyDecoder& g, bool reset) {
+            const py::tuple out = py::make_tuple(g.layer_seconds, g.head_seconds);
+            if (reset) g.layer_seconds = g.head_seconds = 0.0;
+            return out;
+          },
+          py::arg("reset") = false,
+          "(layers: lookup + rotary rows + stack, head: final norm + LM head + argmax) seconds while timing was on.");
+}
+
+}  // namespace bindings
+}  // namespace pagedcore

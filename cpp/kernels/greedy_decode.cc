@@ -1,0 +1,124 @@
+// GreedyDecoder::run: embedding -> decoder stack -> final norm -> LM head -> argmax in one call
+// (greedy_decode.h says why and what it must equal).
+#include "kernels/greedy_decode.h"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "kernels/argmax_rows.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/norm.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void* grow(std::vector<char>& v, int64_t bytes) {
+  if (v.size() < static_cast<size_t>(bytes)) v.resize(bytes);
+  return v.data();
+}
+
+}  // namespace
+
+Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
+                          const int64_t* positions, const int64_t* logits_indices, int64_t num_rows,
+                          int64_t* tokens) {
+  const int64_t T = step.num_tokens, E = stack.sizes.hidden_size, D = stack.sizes.head_dim;
+  const DType dtype = stack.sizes.dtype;
+  const int64_t es = dtype_size(dtype);
+  if (T <= 0) return Status::invalid("greedy_decode: a step of " + str(T) + " tokens");
+  if (num_rows < 0 || num_rows > T)
+    return Status::invalid("greedy_decode: " + str(num_rows) + " logits rows for " + str(T) + " tokens");
+  if (num_rows > head_max_rows)
+    return Status::invalid("greedy_decode: " + str(num_rows) + " logits rows; the head's kernel takes at most " +
+                           str(head_max_rows));
+  if (!input_ids || !positions || !logits_indices || !tokens || !cos_sin_cache || !final_norm)
+    return Status::invalid("greedy_decode: a pointer is null");
+  if (embedding.K != E || head.params.K != E || head.params.out_dtype != DType::kFloat32 ||
+      head.params.epilogue != LinearEpilogue::kNone || embedding.out_dtype != dtype)
+    return Status::invalid("greedy_decode: the embedding table, the head and the stack disagree on the hidden "
+                           "size or the dtypes");
+  // Every index is checked before anything runs: the stack writes this step's K/V into the cache.
+  for (int64_t t = 0; t < T; ++t) {
+    if (positions[t] < 0 || positions[t] >= max_position)
+      return Status::out_of_range("greedy_decode: position " + str(positions[t]) + " of token " + str(t) +
+                                  " is outside the rotary table [0, " + str(max_position) + ")");
+    if (input_ids[t] < 0 || input_ids[t] >= embedding.num_rows)
+      return Status::out_of_range("greedy_decode: token id " + str(input_ids[t]) + " is outside the vocabulary [0, " +
+                                  str(embedding.num_rows) + ")");
+  }
+  bool identity = num_rows == T;  // every token sampled, in order: no gather (the Python path skips it too)
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (logits_indices[r] < 0 || logits_indices[r] >= T)
+      return Status::out_of_range("greedy_decode: logits row " + str(logits_indices[r]) + " of a step of " +
+                                  str(T) + " tokens");
+    identity = identity && logits_indices[r] == r;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = timing ? Clock::now() : Clock::time_point();
+  void* hidden = grow(hidden_, T * E * es);      // [T, E]
+  void* residual = grow(residual_, T * E * es);  // [T, E]
+  char* cos_sin = static_cast<char*>(grow(cos_sin_, T * D * es));  // [T, D]
+  void* normed = grow(normed_, T * E * es);      // [T, E]
+
+  EmbeddingRowsParams lookup = embedding;
+  lookup.out = hidden;
+  lookup.ids = input_ids;
+  lookup.num_ids = T;
+  lookup.out_stride = E;
+  Status st = embedding_rows(lookup);
+  if (!st.is_ok()) return st;
+  const char* table = static_cast<const char*>(cos_sin_cache);
+  for (int64_t t = 0; t < T; ++t) std::memcpy(cos_sin + t * D * es, table + positions[t] * D * es, D * es);
+
+  DecoderStackParams p = step;
+  p.hidden = hidden;
+  p.residual = residual;
+  p.cos_sin = cos_sin;
+  st = stack.run(p);
+  const Clock::time_point t1 = timing ? Clock::now() : Clock::time_point();
+  if (timing) layer_seconds += std::chrono::duration<double>(t1 - t0).count();
+  if (!st.is_ok() || num_rows == 0) return st;  // (a prompt chunk that samples nothing: its K/V are all it leaves)
+
+  RmsNormParams norm;
+  norm.out = normed;
+  norm.residual = residual;
+  norm.x = hidden;
+  norm.weight = final_norm;
+  norm.rows = T;
+  norm.n = E;
+  norm.x_stride = norm.out_stride = norm.residual_stride = E;
+  norm.eps = final_norm_eps;
+  norm.dtype = dtype;
+  st = rms_norm(norm);
+  if (!st.is_ok()) return st;
+
+  const void* head_x = normed;  // [num_rows, E]
+  if (!identity) {
+    char* rows = static_cast<char*>(grow(rows_, num_rows * E * es));
+    for (int64_t r = 0; r < num_rows; ++r)
+      std::memcpy(rows + r * E * es, static_cast<const char*>(normed) + logits_indices[r] * E * es, E * es);
+    head_x = rows;
+  }
+  const int64_t V = head.params.N;
+  if (logits_.size() < static_cast<size_t>(num_rows * V)) logits_.resize(num_rows * V);
+  st = head.run(logits_.data(), head_x, num_rows, E, V);  // fp32 [num_rows, V]
+  if (!st.is_ok()) return st;
+
+  ArgmaxRowsParams argmax;
+  argmax.logits = logits_.data();
+  argmax.num_rows = num_rows;
+  argmax.vocab = V;
+  argmax.row_stride = V;
+  argmax.out = tokens;
+  st = argmax_rows(argmax);
+  if (timing) head_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+  return st;
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

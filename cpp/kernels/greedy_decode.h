@@ -1,0 +1,60 @@
+// A greedy step in one call: the step's token ids in, the next token of every sampled row out.
+//
+// When the engine needs nothing from a step's logits but their argmax (every sampled row greedy, no
+// logprobs, penalties, logit bias, grammar, beams or drafts: the engine decides), the Python forward
+// + sampling path is ~10 calls that each wrap tensors and check them: ~0.2-0.3 ms a step on the
+// 2-core machines, 5-8% of a single-stream token of the default model. This runs the same kernels,
+// in the same order and on the same rows, from C++:
+//
+//   hidden  [T, E] = embedding rows of input_ids                  (embedding_rows.h, the table as held)
+//   cos_sin [T, D] = cos_sin_cache[positions]                      (row copies)
+//   hidden, residual = every decoder layer                         (decoder_stack.h)
+//   normed  [T, E] = rms_norm(residual + hidden)                   (the final norm, norm.h)
+//   logits  [R, E] = normed[logits_indices] . Whead^T, fp32        (the LM head's linear.h layer)
+//   tokens  [R]    = argmax of each logits row                     (argmax_rows.h)
+//
+// so the tokens are the ones the Python path would sample, bit for bit (tests/engine/test_greedy_decode.py).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/decoder_stack.h"
+#include "kernels/embedding_rows.h"
+#include "kernels/kernel_types.h"
+#include "kernels/linear.h"
+
+namespace pagedcore {
+namespace kernels {
+
+// The model's weight-side arguments, bound once at load (pagedcore.models.greedy_decode builds one).
+struct GreedyDecoder {
+  // The token table as held (table, num_rows, K = E, format, out_dtype = the stack's dtype); the
+  // step fills out, ids and num_ids.
+  EmbeddingRowsParams embedding;
+  const void* cos_sin_cache = nullptr;  // [max_position, D] of the stack's dtype: [cos | sin] per position
+  int64_t max_position = 0;
+  const void* final_norm = nullptr;     // [E] of the stack's dtype
+  float final_norm_eps = 1e-6f;
+  LinearLayer head;                     // [V, E] -> fp32 logits (out_dtype kFloat32, no epilogue)
+  int64_t head_max_rows = 0;            // rows the head's kernel takes in one call (larger: not this path)
+
+  // Benchmarks' split of the call (StepProbe): seconds in the layers (lookup, rotary rows, stack) and
+  // in the head (final norm, LM head, argmax), added up while `timing` is on.
+  bool timing = false;
+  double layer_seconds = 0.0, head_seconds = 0.0;
+
+  // Workspaces, grown on demand and kept: one decoder per model, steps run one at a time.
+  std::vector<char> hidden_, residual_, cos_sin_, normed_, rows_;
+  std::vector<float> logits_;
+
+  // step: DecoderStackParams' per-step fields except hidden, residual and cos_sin (this owns those);
+  // input_ids and positions [step.num_tokens]; logits_indices [num_rows] in [0, num_tokens), each
+  // row's token written to tokens[num_rows] (num_rows 0: the layers only, for a chunk that samples
+  // nothing). Checks every index before the stack writes the cache.
+  Status run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
+             const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens);
+};
+
+}  // namespace kernels
+}  // namespace pagedcore

@@ -1,0 +1,125 @@
+"""The greedy step in one C++ call (cpp/kernels/greedy_decode.h): token table lookup, the decoder
+stack, the final norm, the LM head and the argmax, for steps where the engine needs nothing from
+the logits but each sampled row's argmax (every sampled row plain greedy; the engine decides).
+
+On the 2-core machines a single-stream token of the default model is ~3.7-4.2 ms, of which ~0.2-0.3
+ms went to the ~10 Python calls around the C++ stack and head (embedding wrapper, rotary gather,
+final norm wrapper, logits wrappers, argmax wrapper, tensor wrapping of the step's arrays); this
+path makes one call with the scheduler's numpy arrays. It runs the same kernels on the same rows in
+the same order, so its tokens are the Python path's, bit for bit (tests/engine/test_greedy_decode.py).
+
+A model offers it (GreedyDecode.of) only where every piece is a C++ kernel over weights held in
+place: the DecoderStack runs all layers, the token table decodes in C++ (ops/embedding_rows.py), the
+head is one kernel binding (the tied table's, or lm_head's single quantized part or dense kernel),
+and the model is whole (no tensor / pipeline shard). Otherwise `why_not` says why, and every step
+takes the Python forward. PAGEDCORE_GREEDY_DECODE=0 turns the path off (A/B measurements).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from pagedcore import _core
+from pagedcore.ops.dense_repack import X16Weight
+from pagedcore.ops.dtypes import CPU_DTYPE_CODES
+from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
+
+
+def enabled() -> bool:
+    return os.environ.get("PAGEDCORE_GREEDY_DECODE", "1") != "0"
+
+
+def binding_key(model) -> tuple:
+    """What a GreedyDecode binds, as it is now: a model rebuilds its decoder when this changes (weights
+    moved or replaced, the stack rebuilt, LoRA hooks added). Calls _decoder_stack(), which refreshes
+    the stack itself when the layers' weights moved."""
+    inner = model.model
+    if model.shard is not None or not enabled():
+        return (None,)
+    stack = inner._decoder_stack()
+    embed = inner.embed_tokens
+    head = model.lm_head.weight if model.lm_head is not None else None
+    return (stack, _held_ptr(embed.weight), type(embed.weight), embed.weight.dtype, embed.block_format,
+            inner.rotary_emb.cos_sin_cache.data_ptr(), inner.norm.weight.data_ptr(),
+            None if head is None else (_held_ptr(head), type(head), head.dtype))
+
+
+def _held_ptr(t: torch.Tensor) -> int:
+    return t.held_data_ptr() if isinstance(t, X16Weight) else t.data_ptr()
+
+
+class GreedyDecode:
+    """The bound C++ GreedyDecoder of one model, and what it points at (kept alive, and compared at
+    each step: a moved tensor means the model rebuilds this)."""
+
+    __slots__ = ("stack", "tensors", "max_rows", "_decoder")
+
+    def __init__(self, stack, tensors: tuple[torch.Tensor, ...], decoder, max_rows: int):
+        self.stack = stack          # layers.decoder_stack.DecoderStack
+        self.tensors = tensors      # (table, cos_sin_cache, final norm weight, head kernel): kept alive
+        self.max_rows = max_rows    # tokens a step may have (the stack's bound)
+        self._decoder = decoder     # _core.GreedyDecoder
+
+    @classmethod
+    def of(cls, model) -> tuple[GreedyDecode | None, str]:
+        """(the decoder of a LlamaForCausalLM as its weights are now, "") or (None, why not)."""
+        inner = model.model
+        if model.shard is not None:
+            return None, "a tensor- or pipeline-parallel shard"
+        stack = inner._decoder_stack()
+        if stack is None:
+            return None, f"no decoder stack ({inner.decoder_stack_status.reason})"
+        if stack.lora_batch is not None:
+            return None, "LoRA adapters (the stack's adapter rows come from the Python step)"
+        embed = inner.embed_tokens
+        held = embed._held_format()
+        if held is None or held not in TABLE_FORMATS:
+            return None, f"a token table held as {held or 'a non-CPU tensor'} (no C++ lookup)"
+        table = embed.weight.packed if held in ("f32x16", "bf16x16") else embed.weight
+        dtype = stack.dtype
+        cos_sin = inner.rotary_emb.cos_sin_cache  # [max_position, head_dim]
+        norm = inner.norm.weight                  # [hidden]
+        if not (cos_sin.is_cpu and cos_sin.dtype is dtype and cos_sin.is_contiguous()
+                and norm.dtype is dtype and norm.is_contiguous()):
+            return None, "the rotary table or final norm is not a contiguous CPU tensor of the activations' dtype"
+        head = (embed.head_kernel(dtype) if model.lm_head is None
+                else model.lm_head.method.kernel_for(model.lm_head, dtype))
+        if head is None:
+            return None, "the LM head has no single kernel binding (library GEMM or several formats)"
+        kernel, head_max_rows = head
+        decoder = _core.GreedyDecoder(
+            table=table.data_ptr(), table_rows=table_rows(table, held, embed.hidden_size),
+            hidden_size=embed.hidden_size, table_format=TABLE_FORMATS[held], dtype=CPU_DTYPE_CODES[dtype],
+            cos_sin_cache=cos_sin.data_ptr(), max_position=cos_sin.shape[0], final_norm=norm.data_ptr(),
+            final_norm_eps=inner.norm.eps, head=kernel.handle, head_max_rows=head_max_rows)
+        return cls(stack, (table, cos_sin, norm, kernel), decoder, stack.max_rows), ""
+
+    def set_timing(self, on: bool) -> None:
+        """Time the call's two parts (a benchmark aid: StepProbe; two clock reads a call)."""
+        self._decoder.timing = on
+
+    def take_seconds(self) -> tuple[float, float]:
+        """(layers: lookup, rotary rows and the stack; head: final norm, LM head and argmax) seconds
+        since timing was turned on or last taken."""
+        return self._decoder.seconds(True)
+
+    def takes(self, num_tokens: int, num_rows: int, kv_cache: torch.Tensor) -> bool:
+        return 0 < num_tokens <= self.max_rows and num_rows <= num_tokens and kv_cache.is_cpu
+
+    def __call__(self, step, kv_cache: torch.Tensor) -> np.ndarray:
+        """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
+        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous. -> int64 [len(logits_indices)]."""
+        if not kv_cache.is_contiguous() or kv_cache.dim() != 6 or kv_cache.dtype not in CPU_DTYPE_CODES:
+            raise ValueError(f"GreedyDecode: the KV cache must be a contiguous 6-D fp32/bf16 CPU tensor, got "
+                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
+        stack = self.stack
+        if kv_cache.shape[0] != stack.num_layers or kv_cache.shape[3] != stack.num_kv_heads \
+                or kv_cache.shape[5] != stack.head_dim:
+            raise ValueError(f"GreedyDecode: KV cache {tuple(kv_cache.shape)} does not fit the model")
+        return self._decoder.run(
+            stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+            kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
+            step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
