@@ -53,6 +53,8 @@ def record_logits(llm: LLM) -> list[np.ndarray]:
         return logits
 
     worker.execute_step = recording
+    # Every step must hand its logits to the engine: the one-call greedy path (tokens only) is off.
+    worker.execute_greedy_step = lambda step: None
     return steps
 
 

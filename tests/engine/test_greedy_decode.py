@@ -1,0 +1,192 @@
+"""The one-call greedy step (models/greedy_decode.py, cpp/kernels/greedy_decode.h) against the Python
+forward + sampling it stands in for: the same kernels on the same rows, so every token is the same,
+for every weight format the stack runs (dense fp32 / bf16 x16 or checkpoint layout, GGUF blocks
+repacked or as stored, k-quants, int8 per channel; tied and untied heads), through chunked prefill,
+prefix-cache hits and batches where a non-greedy request makes steps fall back. Bad indices are
+refused before the KV cache is written; a model whose head has no single kernel declines with a reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from pagedcore import LLM, SamplingParams
+from pagedcore.engine.step_input import StepInput
+from pagedcore.models import greedy_decode
+from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
+from tests.models import tiny_models
+from tests.quantization import quant_models
+
+ENGINE = dict(kv_cache_memory="16MiB", max_model_len=256, max_num_batched_tokens=32)  # chunked prefill
+
+
+def _hf_folder(tmp_path, kind):
+    folder = tmp_path / kind
+    tiny_models.build_hf_model(kind).save_pretrained(folder)
+    tiny_models.make_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+# name -> (model path builder, LLM options, environment)
+MODELS = {
+    "fp32 untied": (lambda tmp: _hf_folder(tmp, "llama"), {"dtype": "float32"}, {}),
+    "fp32 untied, checkpoint layout": (lambda tmp: _hf_folder(tmp, "llama"), {"dtype": "float32"},
+                                       {"PAGEDCORE_DENSE_REPACK": "0"}),
+    "bf16 tied": (lambda tmp: _hf_folder(tmp, "llama_tied"), {"dtype": "bfloat16"}, {}),
+    "q4_1, q8_0 head": (lambda tmp: quant_models.write_block_gguf(tmp / "m.gguf", "llama", T.Q4_1,
+                                                                  {"output.weight": T.Q8_0}), {}, {}),
+    "q4_1 as stored (file layout)": (lambda tmp: quant_models.write_block_gguf(tmp / "m.gguf", "llama", T.Q4_1,
+                                                                               {"output.weight": T.Q8_0}),
+                                     {}, {"PAGEDCORE_QUANT_REPACK": "0"}),
+    "q4_0 tied q8_0 table": (lambda tmp: quant_models.write_block_gguf(tmp / "m.gguf", "llama_tied", T.Q4_0,
+                                                                       {"token_embd.weight": T.Q8_0}), {}, {}),
+    "k-quants": (lambda tmp: quant_models.write_kquant_gguf(tmp / "k.gguf", quant_models.KQUANT_UNIFORM_TYPES),
+                 {}, {}),
+    "int8_per_channel": (lambda tmp: _hf_folder(tmp, "llama"), {"quantization": "int8_per_channel"}, {}),
+}
+
+
+class _Counter:
+    """Counts GreedyDecode calls (the path ran) without changing them."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = greedy_decode.GreedyDecode.__call__
+
+        def counted(decoder, step, kv_cache):
+            self.calls += 1
+            return original(decoder, step, kv_cache)
+        monkeypatch.setattr(greedy_decode.GreedyDecode, "__call__", counted)
+
+
+def _generate(llm, prompts, params):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_one_call_step_gives_the_python_paths_tokens(tmp_path, monkeypatch, name):
+    build, options, env = MODELS[name]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    path = build(tmp_path)
+    prompts = prompts_with_shared_prefix(5, seed=2)  # 5..90 tokens, shared prefixes: cache hits
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    counter = _Counter(monkeypatch)
+    llm = LLM(path, **options, **ENGINE)
+    model = llm.llm_engine.worker.runner.model
+    fused = _generate(llm, prompts, greedy)
+    assert model.greedy_decoder() is not None, model.greedy_decode_reason
+    assert counter.calls > 0
+    # One request asking for logprobs: the steps it is in take the Python path, the others not.
+    mixed_params = [greedy] * 4 + [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)]
+    calls_before = counter.calls
+    mixed = _generate(llm, prompts, mixed_params)
+    assert counter.calls > calls_before
+    monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
+    calls_before = counter.calls
+    python = _generate(llm, prompts, greedy)
+    python_mixed = _generate(llm, prompts, mixed_params)
+    assert counter.calls == calls_before and model.greedy_decoder() is None
+    assert fused == python
+    assert mixed == python_mixed
+
+
+def test_the_one_call_step_equals_hf_greedy(tiny_llama, monkeypatch):
+    hf_model, folder = tiny_llama
+    counter = _Counter(monkeypatch)
+    llm = LLM(folder, dtype="float32", **ENGINE)
+    prompts = prompts_with_shared_prefix(4, seed=7)
+    got = _generate(llm, prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert counter.calls > 0
+    assert got == [hf_greedy(hf_model, p, 12) for p in prompts]
+
+
+def test_a_head_without_a_single_kernel_declines_and_the_python_path_runs(tmp_path, monkeypatch):
+    # An F16 output tensor in a quantized file: the head is a float part run by torch.
+    path = quant_models.write_block_gguf(tmp_path / "m.gguf", "llama", T.Q4_1, {"output.weight": T.F16})
+    counter = _Counter(monkeypatch)
+    llm = LLM(path, **ENGINE)
+    model = llm.llm_engine.worker.runner.model
+    tokens = _generate(llm, [[5, 9, 23, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert model.greedy_decoder() is None and "LM head" in model.greedy_decode_reason
+    assert counter.calls == 0 and len(tokens[0]) == 6
+
+
+def test_the_decoder_is_bound_again_when_a_weight_is_replaced(tiny_llama, monkeypatch):
+    llm = LLM(tiny_llama[1], dtype="float32", **ENGINE)
+    model = llm.llm_engine.worker.runner.model
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    before = _generate(llm, [[5, 9, 23, 7, 41]], params)
+    first = model.greedy_decoder()
+    norm = model.model.norm.weight
+    norm.data = norm.data.clone()  # new memory, same values
+    second = model.greedy_decoder()
+    assert second is not None and second is not first
+    assert second.tensors[2].data_ptr() == norm.data_ptr()
+    assert _generate(llm, [[5, 9, 23, 7, 41]], params) == before
+
+
+def _one_token_step(position: int, token: int, slot: int, logits_row: int = 0) -> StepInput:
+    empty = np.zeros((0, 2), dtype=np.int32)
+    return StepInput(input_ids=np.array([token], dtype=np.int64), positions=np.array([position], dtype=np.int64),
+                     slot_mapping=np.array([slot], dtype=np.int64), block_tables=np.array([[0]], dtype=np.int32),
+                     seq_lens=np.array([position + 1], dtype=np.int32),
+                     query_start_loc=np.array([0, 1], dtype=np.int32),
+                     logits_indices=np.array([logits_row], dtype=np.int64), blocks_to_swap_out=empty,
+                     blocks_to_swap_in=empty, blocks_to_copy=empty, num_tokens=1, max_query_len=1,
+                     max_seq_len=position + 1)
+
+
+def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
+    llm = LLM(tiny_llama[1], dtype="float32", **ENGINE)
+    runner = llm.llm_engine.worker.runner
+    decoder = runner.model.greedy_decoder()
+    kv_cache = runner.kv_cache
+    kv_cache[:, :, 0].fill_(0.25)  # block 0: what a refused step must leave as it was
+    before = kv_cache[:, :, 0].clone()
+    max_position = decoder.tensors[1].shape[0]
+    cases = [  # (step, exception, words in the message)
+        (_one_token_step(max_position, 5, 0), IndexError, "rotary table"),
+        (_one_token_step(0, tiny_models.VOCAB_SIZE, 0), IndexError, "vocabulary"),
+        (_one_token_step(0, -1, 0), IndexError, "vocabulary"),
+        (_one_token_step(0, 5, 0, logits_row=1), IndexError, "logits row"),
+        (_one_token_step(0, 5, 10 ** 9), IndexError, "slot_mapping"),  # past the cache: the stack checks it
+    ]
+    for step, error, words in cases:
+        with pytest.raises(error, match=words):
+            decoder(step, kv_cache)
+        assert torch.equal(kv_cache[:, :, 0], before)
+    wrong_dtype = _one_token_step(0, 5, 0)
+    wrong_dtype.input_ids = wrong_dtype.input_ids.astype(np.float64)  # an unsafe cast: refused, not rounded
+    with pytest.raises(TypeError):
+        decoder(wrong_dtype, kv_cache)
+    wrong_length = _one_token_step(0, 5, 0)
+    wrong_length.positions = np.array([0, 1], dtype=np.int64)
+    with pytest.raises(ValueError, match="positions must be 1-D of 1 entries"):
+        decoder(wrong_length, kv_cache)
+    assert torch.equal(kv_cache[:, :, 0], before)
+    # A valid step through the same decoder still works (the errors left nothing behind).
+    assert decoder(_one_token_step(0, 5, 0), kv_cache).shape == (1,)
+
+
+def test_step_probe_splits_the_one_call_step(tiny_llama, monkeypatch):
+    """bench throughput's StepProbe: a fused step's layers count as model forward, its head as lm_head."""
+    from pagedcore.benchmarks.probe import StepProbe
+
+    counter = _Counter(monkeypatch)
+    llm = LLM(tiny_llama[1], dtype="float32", **ENGINE)
+    engine = llm.llm_engine
+    _generate(llm, [[5, 9, 23]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # builds it
+    with StepProbe(engine) as probe:
+        engine.add_request("p", prompt_token_ids=[5, 9, 23, 7], params=SamplingParams(temperature=0, max_tokens=6,
+                                                                                        ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        records = probe.take()
+    assert counter.calls >= 6
+    decode = [r for r in records if r["num_prefill_tokens"] == 0]
+    assert decode and all(r["model_forward"] > 0 and r["lm_head"] > 0 for r in decode)
+    assert all(r["model_forward"] + r["lm_head"] <= r["forward"] + 1e-6 for r in decode)
