@@ -190,3 +190,26 @@ def test_step_probe_splits_the_one_call_step(tiny_llama, monkeypatch):
     decode = [r for r in records if r["num_prefill_tokens"] == 0]
     assert decode and all(r["model_forward"] > 0 and r["lm_head"] > 0 for r in decode)
     assert all(r["model_forward"] + r["lm_head"] <= r["forward"] + 1e-6 for r in decode)
+
+
+def test_more_sampled_rows_than_a_checkpoint_layout_head_takes_fall_back(tmp_path, monkeypatch):
+    """Quantized layers (a stack that takes any step) under a dense F32 tied table in the checkpoint layout
+    (CPUs without the x16 repack, e.g. the AVX2 machines): the head runs its kernel up to max_rows rows and
+    a library GEMM past them, so steps sampling more rows must take the Python path."""
+    monkeypatch.setenv("PAGEDCORE_DENSE_REPACK", "0")
+    path = quant_models.write_block_gguf(tmp_path / "m.gguf", "llama_tied", T.Q4_1, {"token_embd.weight": T.F32})
+    llm = LLM(path, kv_cache_memory="64MiB", max_model_len=64, max_num_batched_tokens=2048)
+    runner = llm.llm_engine.worker.runner
+    decoder = runner.model.greedy_decoder()
+    assert decoder is not None, runner.model.greedy_decode_reason
+    assert decoder.head_max_rows < decoder.max_rows   # the stack takes more rows than the head's kernel
+    rows = decoder.head_max_rows + 4
+    assert not decoder.takes(rows, rows, runner.kv_cache) and decoder.takes(rows, rows - 4, runner.kv_cache)
+    counter = _Counter(monkeypatch)
+    prompts = [[3 + i % 400, 7, 11 + i % 50] for i in range(rows)]
+    # Half the requests stop after 2 tokens: the later steps sample half the rows, which the head takes.
+    params = [SamplingParams(temperature=0, max_tokens=2 + 4 * (i % 2), ignore_eos=True) for i in range(rows)]
+    got = _generate(llm, prompts, params)
+    assert counter.calls > 0
+    monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
+    assert got == _generate(llm, prompts, params)

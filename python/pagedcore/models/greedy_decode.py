@@ -55,12 +55,15 @@ class GreedyDecode:
     """The bound C++ GreedyDecoder of one model, and what it points at (kept alive, and compared at
     each step: a moved tensor means the model rebuilds this)."""
 
-    __slots__ = ("stack", "tensors", "max_rows", "_decoder")
+    __slots__ = ("stack", "tensors", "max_rows", "head_max_rows", "_decoder")
 
-    def __init__(self, stack, tensors: tuple[torch.Tensor, ...], decoder, max_rows: int):
+    def __init__(self, stack, tensors: tuple[torch.Tensor, ...], decoder, max_rows: int, head_max_rows: int):
         self.stack = stack          # layers.decoder_stack.DecoderStack
         self.tensors = tensors      # (table, cos_sin_cache, final norm weight, head kernel): kept alive
         self.max_rows = max_rows    # tokens a step may have (the stack's bound)
+        # Sampled rows a step may have: the head's kernel bound (a dense head in the checkpoint layout
+        # hands more rows to a library GEMM, other rounding: such steps take the Python path).
+        self.head_max_rows = head_max_rows
         self._decoder = decoder     # _core.GreedyDecoder
 
     @classmethod
@@ -95,7 +98,7 @@ class GreedyDecode:
             hidden_size=embed.hidden_size, table_format=TABLE_FORMATS[held], dtype=CPU_DTYPE_CODES[dtype],
             cos_sin_cache=cos_sin.data_ptr(), max_position=cos_sin.shape[0], final_norm=norm.data_ptr(),
             final_norm_eps=inner.norm.eps, head=kernel.handle, head_max_rows=head_max_rows)
-        return cls(stack, (table, cos_sin, norm, kernel), decoder, stack.max_rows), ""
+        return cls(stack, (table, cos_sin, norm, kernel), decoder, stack.max_rows, head_max_rows), ""
 
     def set_timing(self, on: bool) -> None:
         """Time the call's two parts (a benchmark aid: StepProbe; two clock reads a call)."""
@@ -107,7 +110,8 @@ class GreedyDecode:
         return self._decoder.seconds(True)
 
     def takes(self, num_tokens: int, num_rows: int, kv_cache: torch.Tensor) -> bool:
-        return 0 < num_tokens <= self.max_rows and num_rows <= num_tokens and kv_cache.is_cpu
+        return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
+                and kv_cache.is_cpu)
 
     def __call__(self, step, kv_cache: torch.Tensor) -> np.ndarray:
         """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
