@@ -2,8 +2,8 @@
 //
 // When the engine needs nothing from a step's logits but their argmax (every sampled row greedy, no
 // logprobs, penalties, logit bias, grammar, beams or drafts: the engine decides), the Python forward
-// + sampling path is ~10 calls that each wrap tensors and check them: ~0.2-0.3 ms a step on the
-// 2-core machines, 5-8% of a single-stream token of the default model. This runs the same kernels,
+// + sampling path is ~10 calls that each wrap tensors and check them: 5-9% of a single-stream token
+// of the default model on the 2-core AMD EPYC Zen 4 (bench/RESULTS.md). This runs the same kernels,
 // in the same order and on the same rows, from C++:
 //
 //   hidden  [T, E] = embedding rows of input_ids                  (embedding_rows.h, the table as held)

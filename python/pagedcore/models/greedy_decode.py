@@ -2,10 +2,11 @@
 stack, the final norm, the LM head and the argmax, for steps where the engine needs nothing from
 the logits but each sampled row's argmax (every sampled row plain greedy; the engine decides).
 
-On the 2-core machines a single-stream token of the default model is ~3.7-4.2 ms, of which ~0.2-0.3
-ms went to the ~10 Python calls around the C++ stack and head (embedding wrapper, rotary gather,
+The Python path makes ~10 calls around the C++ stack and head (embedding wrapper, rotary gather,
 final norm wrapper, logits wrappers, argmax wrapper, tensor wrapping of the step's arrays); this
-path makes one call with the scheduler's numpy arrays. It runs the same kernels on the same rows in
+path makes one call with the scheduler's numpy arrays. On the 2-core AMD EPYC Zen 4 that took 9.3%
+(Q4_1), 5.3% (bf16) and 7.8% (fp32) off a single-stream token (in-process alternated A/B,
+bench/RESULTS.md "2026-12-03 04:00-05:47"). It runs the same kernels on the same rows in
 the same order, so its tokens are the Python path's, bit for bit (tests/engine/test_greedy_decode.py).
 
 A model offers it (GreedyDecode.of) only where every piece is a C++ kernel over weights held in
