@@ -29,6 +29,7 @@ void bind_linear(py::module_& m);
 void bind_norm(py::module_& m);        // RMSNorm and the rotary embedding
 void bind_decoder_stack(py::module_& m);
 void bind_greedy_decode(py::module_& m);  // embedding -> stack -> head -> argmax in one call
+void bind_sampling(py::module_& m);       // temperature / top-k / top-p / min-p sampling of logit rows
 void bind_cuda(py::module_& m);        // has_cuda, cuda_device_count, and the CUDA entries when built
 
 // Status -> exception: an out-of-range index IndexError, any other error ValueError.

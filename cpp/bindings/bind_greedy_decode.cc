@@ -1,6 +1,7 @@
 // pagedcore._core.GreedyDecoder (cpp/kernels/greedy_decode.h): the model's token table, rotary
 // table, final norm and LM head bound once (pagedcore.models.greedy_decode builds one); run() takes
-// one step's arrays as the scheduler made them (numpy, no copies) and returns its greedy tokens.
+// one step's arrays as the scheduler made them (numpy, no copies) and returns its tokens: each row's
+// argmax, or drawn by sample_rows from the row sampling inputs given.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -58,7 +59,8 @@ void bind_greedy_decode(py::module_& m) {
              const Array<int64_t>& positions, uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks,
              int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_query_len,
-             int64_t max_seq_len, const Array<int64_t>& logits_indices) {
+             int64_t max_seq_len, const Array<int64_t>& logits_indices, const py::object& temperature,
+             const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise) {
             expect_1d(input_ids, "input_ids", -1);
             const int64_t T = input_ids.shape(0);
             expect_1d(positions, "positions", T);
@@ -85,12 +87,39 @@ void bind_greedy_decode(py::module_& m) {
             step.max_query_len = max_query_len;
             step.max_seq_len = max_seq_len;
             const int64_t num_rows = logits_indices.shape(0);
+            // Sampling inputs (pagedcore.sampling.row_sampling.RowSampling): all or none.
+            const bool sampled = !temperature.is_none();
+            if (sampled != !top_k.is_none() || sampled != !top_p.is_none() || sampled != !min_p.is_none() ||
+                sampled != !noise.is_none())
+              throw py::value_error("GreedyDecoder.run: temperature, top_k, top_p, min_p and noise come together");
+            kernels::SampleRowsParams sampling;
+            Array<float> temperature_a, top_p_a, min_p_a, noise_a;
+            Array<int64_t> top_k_a;
+            if (sampled) {
+              temperature_a = temperature.cast<Array<float>>();
+              top_k_a = top_k.cast<Array<int64_t>>();
+              top_p_a = top_p.cast<Array<float>>();
+              min_p_a = min_p.cast<Array<float>>();
+              noise_a = noise.cast<Array<float>>();
+              expect_1d(temperature_a, "temperature", num_rows);
+              expect_1d(top_k_a, "top_k", num_rows);
+              expect_1d(top_p_a, "top_p", num_rows);
+              expect_1d(min_p_a, "min_p", num_rows);
+              if (noise_a.ndim() != 2 || noise_a.shape(0) != num_rows)
+                throw py::value_error("GreedyDecoder.run: noise must be [len(logits_indices), noise_width]");
+              sampling.temperature = temperature_a.data();
+              sampling.top_k = top_k_a.data();
+              sampling.top_p = top_p_a.data();
+              sampling.min_p = min_p_a.data();
+              sampling.noise = noise_a.data();
+              sampling.noise_width = noise_a.shape(1);
+            }
             py::array_t<int64_t> tokens(num_rows);  // [num_rows]
             kernels::Status status;
             {
               py::gil_scoped_release release;
               status = g.run(stack, step, input_ids.data(), positions.data(), logits_indices.data(), num_rows,
-                             tokens.mutable_data());
+                             tokens.mutable_data(), sampled ? &sampling : nullptr);
             }
             raise_if_error(status);
             return tokens;
@@ -98,9 +127,12 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("stack"), py::arg("input_ids"), py::arg("positions"), py::arg("kv_cache"), py::arg("cache_dtype"),
           py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
           py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_query_len"), py::arg("max_seq_len"),
-          py::arg("logits_indices"),
-          "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]. "
-          "kv_cache is a raw pointer (the caller checks the cache tensor); every index is checked here.")
+          py::arg("logits_indices"), py::kw_only(), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
+          py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
+          "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]; "
+          "with temperature, top_k, top_p, min_p (1-D, a row each) and noise [rows, noise_width] (float32 / int64 "
+          "numpy), sample_rows instead of the argmax. kv_cache is a raw pointer (the caller checks the cache "
+          "tensor); every index and sampling value is checked before the cache is written.")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(
           "seconds",

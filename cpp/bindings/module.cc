@@ -26,6 +26,7 @@ PYBIND11_MODULE(_core, m) {
   bindings::bind_norm(m);
   bindings::bind_decoder_stack(m);
   bindings::bind_greedy_decode(m);
+  bindings::bind_sampling(m);
   bindings::bind_lora(m);
   bindings::bind_distributed(m);
 }

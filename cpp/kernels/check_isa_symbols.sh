@@ -2,7 +2,7 @@
 # Fails if an object compiled with AVX flags defines a weak symbol outside its own ISA namespace:
 # the linker keeps one copy of each inline function, and an AVX-512 copy of a shared helper would
 # crash (SIGILL) on a CPU without AVX-512. (A Debug build once emitted std::sqrt(float) this way.)
-#   usage: check_isa_symbols.sh attention|linear|quant "obj1;obj2;..."
+#   usage: check_isa_symbols.sh attention|linear|quant|sample "obj1;obj2;..."
 #          (the objects: CMake's $<TARGET_OBJECTS:pagedcore_kernels>)
 set -eu
 case "$1" in
@@ -12,7 +12,9 @@ case "$1" in
              allowed='kernels::linear_(avx2|avx512|avx512_bf16dot)::' ;;
   quant)     files='^quant_linear_avx(2|512).*\.o$'
              allowed='kernels::quant_(avx2|avx512|avx512_vnni)::' ;;
-  *) echo "usage: $0 attention|linear|quant OBJECTS"; exit 2 ;;
+  sample)    files='^sample_rows_avx(2|512).*\.o$'
+             allowed='kernels::sample_(avx2|avx512)::' ;;
+  *) echo "usage: $0 attention|linear|quant|sample OBJECTS"; exit 2 ;;
 esac
 NM=${NM:-nm}
 status=0

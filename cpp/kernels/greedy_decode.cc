@@ -1,4 +1,4 @@
-// GreedyDecoder::run: embedding -> decoder stack -> final norm -> LM head -> argmax in one call
+// GreedyDecoder::run: embedding -> decoder stack -> final norm -> LM head -> argmax or sampling in one call
 // (greedy_decode.h says why and what it must equal).
 #include "kernels/greedy_decode.h"
 
@@ -25,7 +25,7 @@ void* grow(std::vector<char>& v, int64_t bytes) {
 
 Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
                           const int64_t* positions, const int64_t* logits_indices, int64_t num_rows,
-                          int64_t* tokens) {
+                          int64_t* tokens, const SampleRowsParams* sampling) {
   const int64_t T = step.num_tokens, E = stack.sizes.hidden_size, D = stack.sizes.head_dim;
   const DType dtype = stack.sizes.dtype;
   const int64_t es = dtype_size(dtype);
@@ -56,6 +56,18 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
       return Status::out_of_range("greedy_decode: logits row " + str(logits_indices[r]) + " of a step of " +
                                   str(T) + " tokens");
     identity = identity && logits_indices[r] == r;
+  }
+
+  const int64_t V = head.params.N;
+  SampleRowsParams sample;
+  if (sampling) {  // the sampling inputs are checked now too: a bad value must not leave a written cache
+    sample = *sampling;
+    sample.num_rows = num_rows;
+    sample.vocab = sample.row_stride = V;
+    sample.out = tokens;
+    sample.logits = nullptr;
+    const Status checked = check_sample_inputs(sample);
+    if (!checked.is_ok()) return checked;
   }
 
   using Clock = std::chrono::steady_clock;
@@ -104,11 +116,16 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
       std::memcpy(rows + r * E * es, static_cast<const char*>(normed) + logits_indices[r] * E * es, E * es);
     head_x = rows;
   }
-  const int64_t V = head.params.N;
   if (logits_.size() < static_cast<size_t>(num_rows * V)) logits_.resize(num_rows * V);
   st = head.run(logits_.data(), head_x, num_rows, E, V);  // fp32 [num_rows, V]
   if (!st.is_ok()) return st;
 
+  if (sampling) {
+    sample.logits = logits_.data();
+    st = sample_rows(sample);
+    if (timing) head_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+    return st;
+  }
   ArgmaxRowsParams argmax;
   argmax.logits = logits_.data();
   argmax.num_rows = num_rows;

@@ -1,19 +1,22 @@
-// A greedy step in one call: the step's token ids in, the next token of every sampled row out.
+// A plain step in one call: the step's token ids in, the next token of every sampled row out.
 //
-// When the engine needs nothing from a step's logits but their argmax (every sampled row greedy, no
-// logprobs, penalties, logit bias, grammar, beams or drafts: the engine decides), the Python forward
-// + sampling path is ~10 calls that each wrap tensors and check them: 5-9% of a single-stream token
-// of the default model on the 2-core AMD EPYC Zen 4 (bench/RESULTS.md). This runs the same kernels,
-// in the same order and on the same rows, from C++:
+// When the engine needs nothing from a step's logits but a token drawn from each sampled row's own
+// distribution (every sampled row greedy or plainly sampled with temperature / top-k / top-p / min-p;
+// no logprobs, penalties, logit bias, grammar, beams or drafts: the engine decides), the Python
+// forward + sampling path is ~10 calls that each wrap tensors and check them: 5-9% of a single-stream
+// greedy token of the default model on the 2-core AMD EPYC Zen 4 (bench/RESULTS.md). This runs the
+// same kernels, in the same order and on the same rows, from C++:
 //
 //   hidden  [T, E] = embedding rows of input_ids                  (embedding_rows.h, the table as held)
 //   cos_sin [T, D] = cos_sin_cache[positions]                      (row copies)
 //   hidden, residual = every decoder layer                         (decoder_stack.h)
 //   normed  [T, E] = rms_norm(residual + hidden)                   (the final norm, norm.h)
 //   logits  [R, E] = normed[logits_indices] . Whead^T, fp32        (the LM head's linear.h layer)
-//   tokens  [R]    = argmax of each logits row                     (argmax_rows.h)
+//   tokens  [R]    = argmax of each logits row                     (argmax_rows.h), or with
+//                    per-row sampling inputs, sample_rows            (sample_rows.h: the noise is the caller's)
 //
 // so the tokens are the ones the Python path would sample, bit for bit (tests/engine/test_greedy_decode.py).
+// (The name predates the sampled rows: "greedy" is the argmax-only case.)
 #pragma once
 
 #include <cstdint>
@@ -23,6 +26,7 @@
 #include "kernels/embedding_rows.h"
 #include "kernels/kernel_types.h"
 #include "kernels/linear.h"
+#include "kernels/sample_rows.h"
 
 namespace pagedcore {
 namespace kernels {
@@ -51,9 +55,12 @@ struct GreedyDecoder {
   // step: DecoderStackParams' per-step fields except hidden, residual and cos_sin (this owns those);
   // input_ids and positions [step.num_tokens]; logits_indices [num_rows] in [0, num_tokens), each
   // row's token written to tokens[num_rows] (num_rows 0: the layers only, for a chunk that samples
-  // nothing). Checks every index before the stack writes the cache.
+  // nothing). Checks every index before the stack writes the cache. sampling: null for each row's
+  // argmax, else its temperature, top_k, top_p, min_p, noise and noise_width per row (the rest is
+  // filled here) for sample_rows; its values are checked before the stack runs too.
   Status run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
-             const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens);
+             const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens,
+             const SampleRowsParams* sampling = nullptr);
 };
 
 }  // namespace kernels

@@ -1,11 +1,14 @@
-"""The one-call greedy step (models/greedy_decode.py, cpp/kernels/greedy_decode.h) against the Python
-forward + sampling it stands in for: the same kernels on the same rows, so every token is the same,
+"""The one-call step (models/greedy_decode.py, cpp/kernels/greedy_decode.h), greedy or plainly sampled,
+against the Python forward + sampling it stands in for: the same kernels on the same rows (and for
+seeded sampled rows the same noise), so every token is the same,
 for every weight format the stack runs (dense fp32 / bf16 x16 or checkpoint layout, GGUF blocks
 repacked or as stored, k-quants, int8 per channel; tied and untied heads), through chunked prefill,
 prefix-cache hits and batches where a non-greedy request makes steps fall back. Bad indices are
 refused before the KV cache is written; a model whose head has no single kernel declines with a reason."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from pagedcore import LLM, SamplingParams
 from pagedcore.engine.step_input import StepInput
 from pagedcore.models import greedy_decode
+from pagedcore.sampling.row_sampling import RowSampling
 from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
 from tests.models import tiny_models
 from tests.quantization import quant_models
@@ -55,9 +59,9 @@ class _Counter:
         self.calls = 0
         original = greedy_decode.GreedyDecode.__call__
 
-        def counted(decoder, step, kv_cache):
+        def counted(decoder, step, kv_cache, sampling=None):
             self.calls += 1
-            return original(decoder, step, kv_cache)
+            return original(decoder, step, kv_cache, sampling)
         monkeypatch.setattr(greedy_decode.GreedyDecode, "__call__", counted)
 
 
@@ -74,24 +78,38 @@ def test_the_one_call_step_gives_the_python_paths_tokens(tmp_path, monkeypatch, 
     path = build(tmp_path)
     prompts = prompts_with_shared_prefix(5, seed=2)  # 5..90 tokens, shared prefixes: cache hits
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    # Seeded sampled rows of every kind beside a greedy one (seeds: the same noise on both paths).
+    sampled_params = [SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True, seed=11),
+                      SamplingParams(temperature=0.7, top_p=0.8, max_tokens=10, ignore_eos=True, seed=12),
+                      SamplingParams(temperature=1.3, top_k=5, max_tokens=10, ignore_eos=True, seed=13),
+                      SamplingParams(temperature=1.0, min_p=0.2, top_k=40, top_p=0.95, max_tokens=10,
+                                     ignore_eos=True, seed=14),
+                      greedy]
     counter = _Counter(monkeypatch)
     llm = LLM(path, **options, **ENGINE)
     model = llm.llm_engine.worker.runner.model
     fused = _generate(llm, prompts, greedy)
     assert model.greedy_decoder() is not None, model.greedy_decode_reason
     assert counter.calls > 0
-    # One request asking for logprobs: the steps it is in take the Python path, the others not.
-    mixed_params = [greedy] * 4 + [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)]
+    calls_before = counter.calls
+    sampled = _generate(llm, prompts, sampled_params)
+    assert counter.calls > calls_before
+    # One request asking for logprobs: the steps it is in take the Python path, the others not; the
+    # seeded rows beside it draw their noise once either way.
+    mixed_params = sampled_params[:4] + [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)]
     calls_before = counter.calls
     mixed = _generate(llm, prompts, mixed_params)
     assert counter.calls > calls_before
     monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
     calls_before = counter.calls
     python = _generate(llm, prompts, greedy)
+    python_sampled = _generate(llm, prompts, sampled_params)
     python_mixed = _generate(llm, prompts, mixed_params)
     assert counter.calls == calls_before and model.greedy_decoder() is None
     assert fused == python
+    assert sampled == python_sampled
     assert mixed == python_mixed
+    assert sampled[:4] != [python[0]] * 4  # the sampled rows did sample (not all the greedy tokens)
 
 
 def test_the_one_call_step_equals_hf_greedy(tiny_llama, monkeypatch):
@@ -168,8 +186,21 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
     with pytest.raises(ValueError, match="positions must be 1-D of 1 entries"):
         decoder(wrong_length, kv_cache)
     assert torch.equal(kv_cache[:, :, 0], before)
+    # Sampling inputs are checked before the layers run, too.
+    good = RowSampling.from_params([SamplingParams(temperature=0.8)], None, decoder.vocab_size)
+    for field, value, words in [("temperature", -1.0, "temperature"), ("top_p", 0.0, "top_p"),
+                                ("min_p", 2.0, "min_p"), ("top_k", 0, "top_k")]:
+        bad = dataclasses.replace(good, **{field: np.array([value], dtype=getattr(good, field).dtype)})
+        with pytest.raises(ValueError, match=words):
+            decoder(_one_token_step(0, 5, 0), kv_cache, bad)
+        assert torch.equal(kv_cache[:, :, 0], before)
+    with pytest.raises(ValueError, match="sampling inputs for 2 rows"):
+        decoder(_one_token_step(0, 5, 0), kv_cache, RowSampling.from_params([SamplingParams(temperature=1)] * 2,
+                                                                           None, decoder.vocab_size))
+    assert torch.equal(kv_cache[:, :, 0], before)
     # A valid step through the same decoder still works (the errors left nothing behind).
     assert decoder(_one_token_step(0, 5, 0), kv_cache).shape == (1,)
+    assert decoder(_one_token_step(0, 5, 0), kv_cache, good).shape == (1,)
 
 
 def test_step_probe_splits_the_one_call_step(tiny_llama, monkeypatch):

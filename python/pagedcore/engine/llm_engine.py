@@ -23,7 +23,7 @@ from pagedcore.distributed.parallel_config import executor_backend, machine_kv_c
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.beam_search import BeamSearch
 from pagedcore.engine.fault_injection import FaultInjector
-from pagedcore.engine.output_processor import OutputProcessor, plain_greedy
+from pagedcore.engine.output_processor import OutputProcessor, plain_sampling
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
 from pagedcore.engine.step_input import StepInput
@@ -31,6 +31,7 @@ from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
+from pagedcore.sampling.row_sampling import RowSampling
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
 from pagedcore.spec_decode import draft_setup
@@ -262,11 +263,23 @@ class LLMEngine:
         return len(self.registry)
 
     # -- the step ----------------------------------------------------------------------------------
-    def _greedy_only(self, rows) -> bool:
-        """Nothing but each sampled row's argmax is wanted from this step's logits: no drafts to verify,
-        no beams, no grammar masks, no first samples to fork (n > 1), every row plain greedy."""
+    def _plain_rows(self, rows) -> bool:
+        """Nothing but each sampled row's token is wanted from this step's logits: no drafts to verify,
+        no beams, no grammar masks, no first samples to fork (n > 1), every row greedy or plainly
+        sampled (plain_sampling: no penalties, bias, min_tokens or logprobs)."""
         return (self.speculator is None and len(self.beam_search) == 0 and not self.registry.num_constrained
-                and all(plain_greedy(s.params) and not s.request.needs_fork for s in rows))
+                and all(plain_sampling(s.params) and not s.request.needs_fork for s in rows))
+
+    def _fused_step(self, step_input, rows) -> np.ndarray | None:
+        """The step's tokens from one C++ call (models/greedy_decode.py) when its rows are plain, or None
+        (nothing run, no noise drawn) for the Python forward and sampler."""
+        if not self._plain_rows(rows):
+            return None
+        sampling = None
+        if not all(s.params.temperature == 0 for s in rows):
+            sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
+                                               self.output_processor.vocab_size)
+        return self.worker.execute_fused_step(step_input, sampling)
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for
@@ -289,11 +302,10 @@ class LLMEngine:
         step_input = StepInput.from_scheduler_output(out, extra_rows)
         self.output_processor.start_grammar_masks(out)   # structured output: masks fill during the forward
         rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
-        # Argmax alone decides every sampled row: the worker may run the step and the argmax in one
-        # C++ call (models/greedy_decode.py); None when it does not, having run nothing.
-        greedy_tokens = (self.worker.execute_greedy_step(step_input)
-                         if extra_rows is None and self._greedy_only(rows) else None)
-        logits = self.worker.execute_step(step_input) if greedy_tokens is None else None
+        # Each sampled row's own distribution (or argmax) alone decides: the worker may run the step and
+        # the sampling in one C++ call (models/greedy_decode.py); None when it does not, having run nothing.
+        fused_tokens = self._fused_step(step_input, rows) if extra_rows is None else None
+        logits = self.worker.execute_step(step_input) if fused_tokens is None else None
         if self.speculator is not None:
             self.speculator.observe_step(step_input, out)   # a draft model runs the same rows (no logits)
         if self.fault_injector is not None:
@@ -301,8 +313,8 @@ class LLMEngine:
         t_forward = time.perf_counter()
         num_samples = len(out.sample_seq_ids)
         beam_step = None
-        if greedy_tokens is not None:
-            sampled, sampler_output, process_rows = greedy_tokens, None, rows
+        if fused_tokens is not None:
+            sampled, sampler_output, process_rows = fused_tokens, None, rows
             t_sampled = time.perf_counter()
             result = self.scheduler.update(sampled, None)
         elif out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)

@@ -12,6 +12,7 @@ import torch
 from pagedcore.engine.step_input import StepInput
 from pagedcore.ops import attention as kernels
 from pagedcore.layers.attention import AttentionMetadata
+from pagedcore.sampling.row_sampling import RowSampling
 
 
 class ModelRunner:
@@ -66,11 +67,12 @@ class ModelRunner:
         self.model.compute_logits(hidden[:num_logits_rows])
 
     @torch.inference_mode()
-    def execute_greedy(self, step: StepInput) -> np.ndarray | None:
-        """The step's greedy tokens (int64 [len(step.logits_indices)], each row's argmax) from one C++
-        call (models/greedy_decode.py), or None where that path does not take the step: nothing has
-        run then, and the caller runs execute() and samples. The caller has checked that every
-        sampled row is plain greedy and that no other logits rows are asked for."""
+    def execute_fused(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+        """The step's tokens (int64 [len(step.logits_indices)]: each row's argmax, or drawn with
+        sampling's inputs) from one C++ call (models/greedy_decode.py), or None where that path does
+        not take the step: nothing has run then (no noise drawn either), and the caller runs execute()
+        and samples. The caller has checked that every sampled row is plain (greedy or plainly
+        sampled) and that no other logits rows are asked for."""
         if self.lora_manager is not None or self.device.type != "cpu" or step.num_tokens == 0:
             return None
         offer = getattr(self.model, "greedy_decoder", None)
@@ -78,7 +80,7 @@ class ModelRunner:
         if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache):
             return None
         self.move_blocks(step)
-        return decoder(step, self.kv_cache)
+        return decoder(step, self.kv_cache, sampling)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:

@@ -37,8 +37,14 @@ _LENGTH = int(_core.FinishReason.LENGTH.value)
 
 def plain_greedy(params) -> bool:
     """Greedy with nothing that changes or reports the logits: argmax alone decides."""
-    return (params.temperature == 0 and not params.has_penalties and not params.logit_bias
-            and params.min_tokens == 0 and params.logprobs is None)
+    return params.temperature == 0 and plain_sampling(params)
+
+
+def plain_sampling(params) -> bool:
+    """Nothing changes or reports the logits: the token comes from the row's own distribution under
+    temperature / top-k / top-p / min-p (or its argmax) alone."""
+    return (not params.has_penalties and not params.logit_bias and params.min_tokens == 0
+            and params.logprobs is None)
 
 
 class OutputProcessor:

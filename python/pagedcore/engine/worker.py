@@ -16,6 +16,7 @@ import torch
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.model_runner import ModelRunner
 from pagedcore.engine.step_input import StepInput
+from pagedcore.sampling.row_sampling import RowSampling
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ class Worker(ABC):
     def execute_step(self, step: StepInput) -> torch.Tensor:
         """Block moves, then the forward. Returns fp32 logits [num_logits_rows, vocab] (step.logits_indices)."""
 
-    def execute_greedy_step(self, step: StepInput) -> np.ndarray | None:
-        """For a step whose sampled rows are all plain greedy (the engine checked): block moves, the
-        forward and each row's argmax in one go -> int64 [len(step.logits_indices)]; or None, having
-        run nothing, where the worker has no such path (the engine then calls execute_step)."""
+    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+        """For a step whose sampled rows are all plain (the engine checked): block moves, the forward
+        and each row's token (argmax; drawn with sampling's inputs when given) in one go -> int64
+        [len(step.logits_indices)]; or None, having run nothing and drawn no noise, where the worker
+        has no such path (the engine then calls execute_step and samples)."""
         return None
 
     @abstractmethod
@@ -112,8 +114,8 @@ class InProcessWorker(Worker):
     def execute_step(self, step: StepInput) -> torch.Tensor:
         return self.runner.execute(step)
 
-    def execute_greedy_step(self, step: StepInput) -> np.ndarray | None:
-        return self.runner.execute_greedy(step)
+    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+        return self.runner.execute_fused(step, sampling)
 
     def memory_report(self) -> MemoryReport:
         model = self.runner.model

@@ -1,6 +1,8 @@
-"""The greedy step in one C++ call (cpp/kernels/greedy_decode.h): token table lookup, the decoder
-stack, the final norm, the LM head and the argmax, for steps where the engine needs nothing from
-the logits but each sampled row's argmax (every sampled row plain greedy; the engine decides).
+"""The plain step in one C++ call (cpp/kernels/greedy_decode.h): token table lookup, the decoder
+stack, the final norm, the LM head and the argmax or the sampler (cpp/kernels/sample_rows.h), for
+steps where the engine needs nothing from the logits but each sampled row's token: every sampled row
+greedy or plainly sampled (temperature, top-k, top-p, min-p, seed), nothing reported or edited; the
+engine decides. (Named when it did the argmax only.)
 
 The Python path makes ~10 calls around the C++ stack and head (embedding wrapper, rotary gather,
 final norm wrapper, logits wrappers, argmax wrapper, tensor wrapping of the step's arrays); this
@@ -27,6 +29,7 @@ from pagedcore import _core
 from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
+from pagedcore.sampling.row_sampling import RowSampling
 
 
 def enabled() -> bool:
@@ -56,15 +59,17 @@ class GreedyDecode:
     """The bound C++ GreedyDecoder of one model, and what it points at (kept alive, and compared at
     each step: a moved tensor means the model rebuilds this)."""
 
-    __slots__ = ("stack", "tensors", "max_rows", "head_max_rows", "_decoder")
+    __slots__ = ("stack", "tensors", "max_rows", "head_max_rows", "vocab_size", "_decoder")
 
-    def __init__(self, stack, tensors: tuple[torch.Tensor, ...], decoder, max_rows: int, head_max_rows: int):
+    def __init__(self, stack, tensors: tuple[torch.Tensor, ...], decoder, max_rows: int, head_max_rows: int,
+                 vocab_size: int):
         self.stack = stack          # layers.decoder_stack.DecoderStack
         self.tensors = tensors      # (table, cos_sin_cache, final norm weight, head kernel): kept alive
         self.max_rows = max_rows    # tokens a step may have (the stack's bound)
         # Sampled rows a step may have: the head's kernel bound (a dense head in the checkpoint layout
         # hands more rows to a library GEMM, other rounding: such steps take the Python path).
         self.head_max_rows = head_max_rows
+        self.vocab_size = vocab_size  # the head's output width
         self._decoder = decoder     # _core.GreedyDecoder
 
     @classmethod
@@ -99,7 +104,8 @@ class GreedyDecode:
             hidden_size=embed.hidden_size, table_format=TABLE_FORMATS[held], dtype=CPU_DTYPE_CODES[dtype],
             cos_sin_cache=cos_sin.data_ptr(), max_position=cos_sin.shape[0], final_norm=norm.data_ptr(),
             final_norm_eps=inner.norm.eps, head=kernel.handle, head_max_rows=head_max_rows)
-        return cls(stack, (table, cos_sin, norm, kernel), decoder, stack.max_rows, head_max_rows), ""
+        return cls(stack, (table, cos_sin, norm, kernel), decoder, stack.max_rows, head_max_rows,
+                   kernel.N), ""
 
     def set_timing(self, on: bool) -> None:
         """Time the call's two parts (a benchmark aid: StepProbe; two clock reads a call)."""
@@ -114,9 +120,10 @@ class GreedyDecode:
         return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
                 and kv_cache.is_cpu)
 
-    def __call__(self, step, kv_cache: torch.Tensor) -> np.ndarray:
+    def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None) -> np.ndarray:
         """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
-        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous. -> int64 [len(logits_indices)]."""
+        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous; sampling: the sampled rows'
+        inputs (None: each row's argmax), whose noise is drawn here. -> int64 [len(logits_indices)]."""
         if not kv_cache.is_contiguous() or kv_cache.dim() != 6 or kv_cache.dtype not in CPU_DTYPE_CODES:
             raise ValueError(f"GreedyDecode: the KV cache must be a contiguous 6-D fp32/bf16 CPU tensor, got "
                              f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
@@ -124,7 +131,13 @@ class GreedyDecode:
         if kv_cache.shape[0] != stack.num_layers or kv_cache.shape[3] != stack.num_kv_heads \
                 or kv_cache.shape[5] != stack.head_dim:
             raise ValueError(f"GreedyDecode: KV cache {tuple(kv_cache.shape)} does not fit the model")
-        return self._decoder.run(
-            stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
-            kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
-            step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
+        args = (stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+                kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
+                step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
+        if sampling is None:
+            return self._decoder.run(*args)
+        if sampling.num_rows != len(step.logits_indices) or sampling.vocab_size != self.vocab_size:
+            raise ValueError(f"GreedyDecode: sampling inputs for {sampling.num_rows} rows of a {sampling.vocab_size} "
+                             f"vocabulary, the step samples {len(step.logits_indices)} rows of {self.vocab_size}")
+        return self._decoder.run(*args, temperature=sampling.temperature, top_k=sampling.top_k,
+                                 top_p=sampling.top_p, min_p=sampling.min_p, noise=sampling.draw_noise().numpy())

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedcore.sampling.row_sampling import RowSampling
 from pagedcore.sampling_params import SamplingParams
 
 
@@ -44,6 +45,9 @@ class SamplingMetadata:
     top_p: torch.Tensor | None  # [num_truncated] float32, 1 = off
     min_p: torch.Tensor | None  # [num_truncated] float32, 0 = off
     generators: dict[int, torch.Generator]  # position in sampling order -> the row's own generator
+    # The same rows in row order for the C++ sampler (ops/sample_rows.py), which takes CPU logits;
+    # the fields above serve the torch stages, which run on any device. None when all greedy.
+    rows: RowSampling | None
 
     logit_bias: TokenPairs | None  # pairs with values = bias
     banned: TokenPairs | None  # EOS and stop ids of rows still short of min_tokens
@@ -140,6 +144,7 @@ class SamplingMetadata:
             top_p=top_p,
             min_p=min_p,
             generators=row_generators,
+            rows=RowSampling.from_params(params, generators, vocab_size) if order else None,
             logit_bias=logit_bias,
             banned=banned,
             repetition=repetition,

@@ -2,6 +2,8 @@
 
     logits [R, V] ─▶ (copy of the rows that want logprobs) ─▶ logit_bias ─▶ min_tokens bans
         ─▶ repetition penalty ─▶ presence/frequency penalty
+        ├─ CPU logits: every row in one C++ call (ops/sample_rows.py): greedy rows' argmax, random
+        │  rows' weights, thresholds and the block race (cpp/kernels/sample_rows.h)
         ├─ greedy rows: argmax
         └─ random rows: weights exp((l - max) / T) in place ─▶ top-k / top-p / min-p ─▶ exponential race
                         (per-row generators for seeded rows)
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.ops.argmax import argmax_rows_tensor
 from pagedcore.sampling.logprobs import gather_logprobs
 from pagedcore.sampling.metadata import SamplingMetadata
@@ -76,6 +79,8 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
             return argmax_rows_tensor(logits)
+        if md.rows is not None and cpu_sampler.takes(logits):  # the torch stages below: other devices
+            return torch.from_numpy(cpu_sampler.sample_rows(logits, md.rows))
         if md.random_row_ids is None:  # every row random, already in sampling order: work in place
             return self._sample_random(logits, md)
         sampled = torch.empty(md.num_rows, dtype=torch.long, device=logits.device)  # [R]

@@ -1,0 +1,43 @@
+// pagedcore._core.sample_rows_cpu: the raw-pointer entry of pagedcore.ops.sample_rows (call that
+// instead), which checks shapes and dtypes; this checks values (cpp/kernels/sample_rows.h).
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind_common.h"
+#include "kernels/sample_rows.h"
+
+namespace pagedcore {
+namespace bindings {
+
+void bind_sampling(py::module_& m) {
+  m.def(
+      "sample_rows_cpu",
+      [](uintptr_t logits, int64_t num_rows, int64_t vocab, int64_t row_stride, uintptr_t temperature,
+         uintptr_t top_k, uintptr_t top_p, uintptr_t min_p, uintptr_t noise, int64_t noise_width, uintptr_t out) {
+        kernels::SampleRowsParams p;
+        p.logits = ptr<float>(logits);
+        p.num_rows = num_rows;
+        p.vocab = vocab;
+        p.row_stride = row_stride;
+        p.temperature = ptr<const float>(temperature);
+        p.top_k = ptr<const int64_t>(top_k);
+        p.top_p = ptr<const float>(top_p);
+        p.min_p = ptr<const float>(min_p);
+        p.noise = ptr<const float>(noise);
+        p.noise_width = noise_width;
+        p.out = ptr<int64_t>(out);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::sample_rows(p);
+        }
+        raise_if_error(status);
+      },
+      py::arg("logits"), py::arg("num_rows"), py::arg("vocab"), py::arg("row_stride"), py::arg("temperature"),
+      py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("noise"), py::arg("noise_width"), py::arg("out"),
+      "Raw-pointer entry of pagedcore.ops.sample_rows.sample_rows (call that instead).");
+  m.def("sample_noise_width", &kernels::sample_noise_width, py::arg("vocab"),
+        "Exponential(1) draws sample_rows reads a row: ceil(vocab / 256) blocks, then 256 for inside one.");
+}
+
+}  // namespace bindings
+}  // namespace pagedcore

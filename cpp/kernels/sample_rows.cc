@@ -1,0 +1,262 @@
+// sample_rows (see sample_rows.h for what it computes and why). Per random row:
+//   1. the maximum of the logits (NaNs skipped);
+//   2. one pass per block of kSampleBlock tokens: w = exp((l - max) / T) written over the logits, and
+//      the block's sum and largest weight;
+//   3. thresholds from candidates: the weights >= a bound, collected from the blocks whose largest
+//      weight reaches it. The bound steps down (2^-8, 2^-20, 2^-40, 0) until the candidates provably
+//      hold what top-k or top-p needs; the answer depends only on the row's weights, never on which
+//      bound found it (a real LM's top few hundred tokens usually hold a 0.95 nucleus);
+//   4. the kept mass of each block (recomputed only when a threshold cut some tokens), the block race,
+//      then the race inside the chosen block.
+// Passes 1, 2 and the masked block sums of 4 are vector code, one unit per ISA (sample_rows_pass.h:
+// bit-identical results on every ISA); the rest touches a few hundred tokens a row.
+#include "kernels/sample_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/argmax_rows.h"
+#include "kernels/parallel.h"
+#include "kernels/sample_rows_pass.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Bounds tried in turn for the candidates of top-k / top-p (weights are <= 1); 0 takes every token.
+constexpr float kBounds[] = {0x1p-8f, 0x1p-20f, 0x1p-40f, 0.0f};
+
+// Per-thread scratch, kept between calls (the engine samples from one thread at a time per row).
+struct RowScratch {
+  std::vector<float> block_sum, block_max, mass, candidates;
+};
+
+RowScratch& scratch() {
+  static thread_local RowScratch s;
+  return s;
+}
+
+class RowSampler {
+ public:
+  RowSampler(float* w, int64_t vocab, const SamplePass& pass, RowScratch& s)
+      : w_(w), vocab_(vocab), num_blocks_((vocab + kSampleBlock - 1) / kSampleBlock), pass_(pass), s_(s) {
+    s_.block_sum.resize(num_blocks_);
+    s_.block_max.resize(num_blocks_);
+    s_.mass.resize(num_blocks_);
+  }
+
+  // Logits -> weights in place; false when the row has nothing above -inf (or T is subnormal).
+  bool to_weights(float temperature) {
+    const float m = pass_.row_max(w_, vocab_);
+    if (m == -kInf) return false;
+    if (m == kInf) {  // +inf logits share all the mass
+      for (int64_t b = 0; b < num_blocks_; ++b) {
+        float sum = 0.0f;
+        for (int64_t i = begin(b); i < end(b); ++i) {
+          w_[i] = w_[i] == kInf ? 1.0f : 0.0f;
+          sum += w_[i];
+        }
+        s_.block_sum[b] = sum;
+        s_.block_max[b] = sum > 0.0f ? 1.0f : 0.0f;
+      }
+      return true;
+    }
+    const float inv_t = 1.0f / temperature;
+    if (std::isinf(inv_t)) return false;  // 0 * inf would weigh the maximum NaN: the argmax instead
+    pass_.to_weights(w_, vocab_, m, inv_t, s_.block_sum.data(), s_.block_max.data());
+    return true;
+  }
+
+  // The k-th largest weight (1 <= k < vocab).
+  float top_k_threshold(int64_t k) {
+    for (float bound : kBounds) {
+      collect(bound);
+      if (static_cast<int64_t>(s_.candidates.size()) >= k || bound == 0.0f) break;
+    }
+    std::vector<float>& c = s_.candidates;
+    std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<float>());
+    return c[k - 1];
+  }
+
+  // Block masses of the weights >= tau (into mass) and their total.
+  double kept_mass(float tau) {
+    double total = 0.0;
+    for (int64_t b = 0; b < num_blocks_; ++b) {
+      float mass = 0.0f;
+      if (tau <= 0.0f) {
+        mass = s_.block_sum[b];
+      } else if (s_.block_max[b] >= tau) {
+        mass = pass_.kept_sum(w_ + begin(b), end(b) - begin(b), tau);
+      }
+      s_.mass[b] = mass;
+      total += mass;
+    }
+    return total;
+  }
+
+  // The lightest weight top-p keeps among the weights >= tau_k, whose total is `total`.
+  float top_p_threshold(float top_p, float tau_k, double total) {
+    const double target = static_cast<double>(top_p) * total;
+    float kept = 1.0f;
+    for (float bound : kBounds) {
+      const float lower = std::max(bound, tau_k);
+      collect(lower);
+      std::vector<float>& c = s_.candidates;
+      std::sort(c.begin(), c.end(), std::greater<float>());
+      double above = 0.0;  // mass of the candidates heavier than c[i]
+      size_t i = 0;
+      bool closed = false;  // a token failed the test: every lighter one fails too
+      while (i < c.size()) {
+        if (!(above < target)) {
+          closed = true;
+          break;
+        }
+        const float v = c[i];
+        kept = v;
+        for (; i < c.size() && c[i] == v; ++i) above += v;
+      }
+      // Done when the nucleus closed inside the candidates, or they were every token >= tau_k.
+      if (closed || lower <= tau_k) return kept;
+    }
+    return kept;  // unreachable: the last bound is 0 <= tau_k
+  }
+
+  // The race over the weights >= tau; mass holds their block masses.
+  int64_t race(float tau, const float* noise) const {
+    int64_t block = -1;
+    float best = -1.0f;
+    for (int64_t b = 0; b < num_blocks_; ++b) {
+      if (!(s_.mass[b] > 0.0f)) continue;
+      const float score = s_.mass[b] / noise[b];  // noise +inf (a uniform draw of 0) scores 0: still a candidate
+      if (score > best) best = score, block = b;
+    }
+    if (block < 0) return -1;  // nothing kept: cannot happen (the maximum weighs 1 >= every cut)
+    const float* inside = noise + num_blocks_;
+    int64_t token = -1;
+    best = -1.0f;
+    for (int64_t i = begin(block); i < end(block); ++i) {
+      if (!(w_[i] > 0.0f) || w_[i] < tau) continue;
+      const float score = w_[i] / inside[i - begin(block)];
+      if (score > best) best = score, token = i;
+    }
+    return token;
+  }
+
+ private:
+  int64_t begin(int64_t b) const { return b * kSampleBlock; }
+  int64_t end(int64_t b) const { return std::min(vocab_, (b + 1) * kSampleBlock); }
+
+  // Every weight >= bound into candidates (in token order).
+  void collect(float bound) {
+    std::vector<float>& c = s_.candidates;
+    c.clear();
+    for (int64_t b = 0; b < num_blocks_; ++b) {
+      if (s_.block_max[b] < bound) continue;
+      for (int64_t i = begin(b); i < end(b); ++i)
+        if (w_[i] >= bound) c.push_back(w_[i]);
+    }
+  }
+
+  float* w_;
+  int64_t vocab_, num_blocks_;
+  const SamplePass& pass_;
+  RowScratch& s_;
+};
+
+int64_t argmax_of(const float* row, int64_t vocab) {
+  ArgmaxRowsParams a;
+  int64_t token = 0;
+  a.logits = row;
+  a.num_rows = 1;
+  a.vocab = vocab;
+  a.row_stride = vocab;
+  a.out = &token;
+  argmax_rows(a);
+  return token;
+}
+
+int64_t sample_row(const SampleRowsParams& p, const SamplePass& pass, int64_t r) {
+  float* row = p.logits + r * p.row_stride;  // [vocab]
+  if (p.temperature[r] == 0.0f) return argmax_of(row, p.vocab);
+  RowSampler sampler(row, p.vocab, pass, scratch());
+  if (!sampler.to_weights(p.temperature[r])) return argmax_of(row, p.vocab);
+  float tau = 0.0f;
+  if (p.top_k[r] < p.vocab) tau = sampler.top_k_threshold(p.top_k[r]);
+  double total = sampler.kept_mass(tau);
+  float cut = tau;
+  if (p.top_p[r] < 1.0f) cut = std::max(cut, sampler.top_p_threshold(p.top_p[r], tau, total));
+  cut = std::max(cut, p.min_p[r]);
+  if (cut > tau) sampler.kept_mass(cut);
+  const int64_t token = sampler.race(cut, p.noise + r * p.noise_width);
+  return token >= 0 ? token : argmax_of(row, p.vocab);
+}
+
+std::string str(double v) { return std::to_string(v); }
+
+}  // namespace
+
+const SamplePass& sample_pass(Isa isa) {
+#if PAGEDCORE_KERNELS_X86
+  switch (isa) {
+    case Isa::kAvx2:
+      return sample_avx2::pass();
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512Vnni:
+    case Isa::kAmxBf16:
+    case Isa::kAmxInt8:
+      return sample_avx512::pass();
+    default:
+      break;
+  }
+#endif
+  return sample_generic::pass();
+}
+
+Status check_sample_inputs(const SampleRowsParams& p) {
+  if (p.num_rows < 0 || p.vocab <= 0 || p.row_stride < p.vocab)
+    return Status::invalid("sample_rows: invalid sizes (rows " + std::to_string(p.num_rows) + ", vocab " +
+                           std::to_string(p.vocab) + ", row_stride " + std::to_string(p.row_stride) + ")");
+  if (p.num_rows == 0) return Status::ok();
+  if (!p.temperature || !p.top_k || !p.top_p || !p.min_p) return Status::invalid("sample_rows: a data pointer is null");
+  bool any_random = false;
+  for (int64_t r = 0; r < p.num_rows; ++r) {
+    const auto row = [r] { return "sample_rows: row " + std::to_string(r) + " has "; };
+    if (!(p.temperature[r] >= 0.0f) || std::isinf(p.temperature[r]))
+      return Status::invalid(row() + "temperature " + str(p.temperature[r]) + "; it must be finite and >= 0");
+    if (p.temperature[r] == 0.0f) continue;
+    any_random = true;
+    if (p.top_k[r] < 1) return Status::invalid(row() + "top_k " + std::to_string(p.top_k[r]) + "; it must be >= 1");
+    if (!(p.top_p[r] > 0.0f && p.top_p[r] <= 1.0f))
+      return Status::invalid(row() + "top_p " + str(p.top_p[r]) + "; it must be in (0, 1]");
+    if (!(p.min_p[r] >= 0.0f && p.min_p[r] <= 1.0f))
+      return Status::invalid(row() + "min_p " + str(p.min_p[r]) + "; it must be in [0, 1]");
+  }
+  if (any_random && (!p.noise || p.noise_width != sample_noise_width(p.vocab)))
+    return Status::invalid("sample_rows: noise must be [num_rows, " + std::to_string(sample_noise_width(p.vocab)) +
+                           "] for a vocabulary of " + std::to_string(p.vocab) + ", got width " +
+                           std::to_string(p.noise_width));
+  return Status::ok();
+}
+
+Status sample_rows(const SampleRowsParams& p) {
+  const Status checked = check_sample_inputs(p);
+  if (!checked.is_ok() || p.num_rows == 0) return checked;
+  if (!p.logits || !p.out) return Status::invalid("sample_rows: a data pointer is null");
+  const SamplePass& pass = sample_pass(active_isa());
+  if (p.num_rows == 1) {  // a single-stream step: no fork
+    p.out[0] = sample_row(p, pass, 0);
+    return Status::ok();
+  }
+  parallel_for(static_cast<int>(p.num_rows), [&](int r, int) { p.out[r] = sample_row(p, pass, r); });
+  return Status::ok();
+}
+
+}  // namespace kernels
+}  // namespace pagedcore

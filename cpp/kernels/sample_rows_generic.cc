@@ -1,0 +1,16 @@
+// sample_rows' vector passes for the generic unit (sample_rows_pass.h; flags in CMakeLists.txt).
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/sample_rows_pass.h"
+
+namespace pagedcore {
+namespace kernels {
+namespace sample_generic {
+
+#include "kernels/sample_rows_pass.inc"
+
+}  // namespace sample_generic
+}  // namespace kernels
+}  // namespace pagedcore
