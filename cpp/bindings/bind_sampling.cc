@@ -12,7 +12,7 @@ void bind_sampling(py::module_& m) {
   m.def(
       "sample_rows_cpu",
       [](uintptr_t logits, int64_t num_rows, int64_t vocab, int64_t row_stride, uintptr_t temperature,
-         uintptr_t top_k, uintptr_t top_p, uintptr_t min_p, uintptr_t noise, int64_t noise_width, uintptr_t out) {
+         uintptr_t top_k, uintptr_t top_p, uintptr_t min_p, uintptr_t noise, int64_t noise_width, uintptr_t out, uintptr_t cuts) {
         kernels::SampleRowsParams p;
         p.logits = ptr<float>(logits);
         p.num_rows = num_rows;
@@ -25,6 +25,7 @@ void bind_sampling(py::module_& m) {
         p.noise = ptr<const float>(noise);
         p.noise_width = noise_width;
         p.out = ptr<int64_t>(out);
+        p.cuts = ptr<float>(cuts);
         kernels::Status status;
         {
           py::gil_scoped_release release;
@@ -34,6 +35,7 @@ void bind_sampling(py::module_& m) {
       },
       py::arg("logits"), py::arg("num_rows"), py::arg("vocab"), py::arg("row_stride"), py::arg("temperature"),
       py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("noise"), py::arg("noise_width"), py::arg("out"),
+      py::arg("cuts") = 0,
       "Raw-pointer entry of pagedcore.ops.sample_rows.sample_rows (call that instead).");
   m.def("sample_noise_width", &kernels::sample_noise_width, py::arg("vocab"),
         "Exponential(1) draws sample_rows reads a row: ceil(vocab / 256) blocks, then 256 for inside one.");

@@ -49,6 +49,7 @@ struct SampleRowsParams {
   const float* noise = nullptr;         // [num_rows, noise_width] Exponential(1) (greedy rows: unread)
   int64_t noise_width = 0;              // == sample_noise_width(vocab)
   int64_t* out = nullptr;               // [num_rows] token ids
+  float* cuts = nullptr;                // optional [num_rows]: each random row's max(tau_k, tau_p, min_p) (tests)
 };
 
 Status sample_rows(const SampleRowsParams& p);

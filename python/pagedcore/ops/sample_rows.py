@@ -20,9 +20,11 @@ def takes(logits: torch.Tensor) -> bool:
             and logits.stride(1) == 1 and (logits.shape[0] <= 1 or logits.stride(0) >= logits.shape[1]))
 
 
-def sample_rows(logits: torch.Tensor, rows: RowSampling, noise: torch.Tensor | None = None) -> np.ndarray:
+def sample_rows(logits: torch.Tensor, rows: RowSampling, noise: torch.Tensor | None = None,
+                cuts: np.ndarray | None = None) -> np.ndarray:
     """logits [R, V] (see takes(); random rows are overwritten with their weights), rows of R entries,
-    noise [R, noise_width] float32 (rows.draw_noise() when None) -> int64 numpy [R]."""
+    noise [R, noise_width] float32 (rows.draw_noise() when None) -> int64 numpy [R]. cuts (tests): a
+    float32 numpy [R] that receives each random row's weight threshold max(tau_k, tau_p, min_p)."""
     if not takes(logits):
         raise TypeError(f"sample_rows takes fp32 CPU rows with a unit inner stride, got {logits.dtype} "
                         f"{tuple(logits.shape)} strides {logits.stride()} on {logits.device}")
@@ -37,8 +39,11 @@ def sample_rows(logits: torch.Tensor, rows: RowSampling, noise: torch.Tensor | N
             or not noise.is_contiguous()):
         raise ValueError(f"noise must be a contiguous fp32 CPU tensor [{num_rows}, {width}], got {noise.dtype} "
                          f"{tuple(noise.shape)}")
+    if cuts is not None and (cuts.dtype != np.float32 or cuts.shape != (num_rows,) or not cuts.flags.c_contiguous):
+        raise ValueError(f"cuts must be a contiguous float32 numpy array of {num_rows}")
     out = np.empty(num_rows, dtype=np.int64)  # [R]
     _core.sample_rows_cpu(logits.data_ptr(), num_rows, vocab_size, max(logits.stride(0), vocab_size),
                           rows.temperature.ctypes.data, rows.top_k.ctypes.data, rows.top_p.ctypes.data,
-                          rows.min_p.ctypes.data, noise.data_ptr(), width, out.ctypes.data)
+                          rows.min_p.ctypes.data, noise.data_ptr(), width, out.ctypes.data,
+                          0 if cuts is None else cuts.ctypes.data)
     return out
