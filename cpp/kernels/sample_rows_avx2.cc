@@ -9,7 +9,9 @@ namespace pagedcore {
 namespace kernels {
 namespace sample_avx2 {
 
+#define PC_SAMPLE_WIDTH 8
 #include "kernels/sample_rows_pass.inc"
+#undef PC_SAMPLE_WIDTH
 
 }  // namespace sample_avx2
 }  // namespace kernels

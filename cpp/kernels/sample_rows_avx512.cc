@@ -9,7 +9,9 @@ namespace pagedcore {
 namespace kernels {
 namespace sample_avx512 {
 
+#define PC_SAMPLE_WIDTH 16
 #include "kernels/sample_rows_pass.inc"
+#undef PC_SAMPLE_WIDTH
 
 }  // namespace sample_avx512
 }  // namespace kernels

@@ -9,7 +9,9 @@ namespace pagedcore {
 namespace kernels {
 namespace sample_generic {
 
+#define PC_SAMPLE_WIDTH 4
 #include "kernels/sample_rows_pass.inc"
+#undef PC_SAMPLE_WIDTH
 
 }  // namespace sample_generic
 }  // namespace kernels

@@ -63,6 +63,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gemm-gflops", type=float, default=None,
                    help="use this GEMM rate for the floor instead of measuring it (GFLOP/s at the run's dtype)")
     p.add_argument("--profile-ops", action="store_true", help="also time every Linear (adds ~0.5 ms a step)")
+    # vLLM's benchmark_serving names; the default (temperature 0) is the fixed workload's greedy decoding.
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
+    p.add_argument("--top-k", type=int, default=0, help="every request's top_k (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="every request's min_p")
     p.add_argument("--output-json", default=None, help="write the result here")
     add_engine_args(p)
     p.set_defaults(func=_command("throughput", "cmd_throughput"))

@@ -14,17 +14,19 @@ from pagedcore.benchmarks.engine_setup import build_engine, warm_up
 from pagedcore.benchmarks.probe import StepProbe
 
 
-def run_workload(engine, requests, probe_ops: bool = False) -> dict:
-    """Adds every request, steps until all finish, and times it all. Greedy, ignore_eos: each request
-    generates exactly max_tokens tokens. Returns wall, token counts, step records and KV usage."""
+def run_workload(engine, requests, probe_ops: bool = False, sampling: dict | None = None) -> dict:
+    """Adds every request, steps until all finish, and times it all. Greedy unless sampling gives
+    SamplingParams fields (temperature, top_p, ...); ignore_eos: each request generates exactly
+    max_tokens tokens. Returns wall, token counts, step records and KV usage."""
     from pagedcore.sampling_params import SamplingParams
 
+    sampling = sampling or {"temperature": 0.0}
     outputs = {}
     peak_kv_usage = 0.0
     with StepProbe(engine, ops=probe_ops) as probe:
         t0 = time.perf_counter()
         for i, r in enumerate(requests):
-            params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=r.ignore_eos)
+            params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos, **sampling)
             engine.add_request(f"bench-{i}", prompt_token_ids=r.prompt_token_ids, params=params, output_kind="final")
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -85,13 +87,15 @@ def cmd_throughput(args) -> int:
         raise ValueError(f"{len(too_long)} request(s) need more than max_model_len={max_model_len} "
                          "tokens; raise --max-model-len or shorten the workload")
     warm_up(engine, mc.vocab_size)
-    runs = [run_workload(engine, requests, args.profile_ops) for _ in range(max(1, args.num_runs))]
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p}
+    runs = [run_workload(engine, requests, args.profile_ops, sampling) for _ in range(max(1, args.num_runs))]
     runs.sort(key=lambda r: r["wall_seconds"])
     best = runs[len(runs) // 2]                      # the median run (the middle of the sorted walls)
     result = {k: v for k, v in best.items() if k not in ("steps", "outputs")}
     result["all_walls"] = [r["wall_seconds"] for r in runs]
     result["workload"] = {"kind": args.workload, "file": args.workload_file, **workloads.summarize(requests)}
     result["setup"] = setup
+    result["sampling"] = sampling
     result["machine"] = machine.cpu_info()
     result["peak_rss_bytes"] = machine.peak_rss_bytes()
     result["breakdown"] = stats.breakdown(best["steps"], best["wall_seconds"])
@@ -129,13 +133,20 @@ def workload_lengths(args) -> dict:
     return {}
 
 
+def _describe_sampling(sampling: dict | None) -> str:
+    if not sampling or sampling.get("temperature", 0) == 0:
+        return "greedy"
+    return "sampled: " + ", ".join(f"{k} {v}" for k, v in sampling.items())
+
+
 def format_result(r: dict) -> str:
     s, w = r["setup"], r["workload"]
     lines = [
         f"pagedcore bench throughput  ({s['dtype']}, {s['model']})",
         f"machine: {machine.describe_cpu(r['machine'])}",
         f"workload: {w['kind']}{' ' + w['file'] if w.get('file') else ''}: {w['num_requests']} requests, "
-        f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens",
+        f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens; "
+        f"{_describe_sampling(r.get('sampling'))}",
         f"start-up: {s['startup_seconds']:.2f} s   KV cache: {s['kv_cache']}",
         f"max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens {s['max_num_batched_tokens']}, "
         f"prefix caching {'on' if s['enable_prefix_caching'] else 'off'}",

@@ -31,6 +31,7 @@ from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
+from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.sampling.row_sampling import RowSampling
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
@@ -277,6 +278,8 @@ class LLMEngine:
             return None
         sampling = None
         if not all(s.params.temperature == 0 for s in rows):
+            if not cpu_sampler.enabled():
+                return None
             sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
                                                self.output_processor.vocab_size)
         return self.worker.execute_fused_step(step_input, sampling)

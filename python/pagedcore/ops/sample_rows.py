@@ -7,6 +7,8 @@ says what is drawn and why: the torch sampler took ~130 us for a plainly sampled
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -14,9 +16,15 @@ from pagedcore import _core
 from pagedcore.sampling.row_sampling import RowSampling
 
 
+def enabled() -> bool:
+    """PAGEDCORE_CPU_SAMPLER=0 turns the kernel off (A/B measurements, a fallback): the torch stages
+    sample every row, and only greedy steps run as one C++ call."""
+    return os.environ.get("PAGEDCORE_CPU_SAMPLER", "1") != "0"
+
+
 def takes(logits: torch.Tensor) -> bool:
     """The kernel's layout: fp32 CPU rows with a unit inner stride (else the torch sampler runs)."""
-    return (logits.dim() == 2 and logits.dtype is torch.float32 and logits.is_cpu and logits.shape[1] > 0
+    return (enabled() and logits.dim() == 2 and logits.dtype is torch.float32 and logits.is_cpu and logits.shape[1] > 0
             and logits.stride(1) == 1 and (logits.shape[0] <= 1 or logits.stride(0) >= logits.shape[1]))
 
 

@@ -1,4 +1,8 @@
-"""Temperature, top-k, top-p and min-p, and the random draw for the rows that use them.
+"""Temperature, top-k, top-p and min-p, and the random draw for the rows that use them: the torch
+stages, for logits off the CPU (or PAGEDCORE_CPU_SAMPLER=0). CPU logits are sampled by the C++
+kernel (cpp/kernels/sample_rows.h), which draws from the same distribution with the same noise
+layout for untruncated rows; for truncated rows it races over the whole kept set instead of the
+candidates, and top-p keeps equal weights together (this module's sort keeps them in sort order).
 
 Everything here works on weights w = exp((logit - max) / temperature), computed in place: the
 softmax numerator, with the row's largest weight exactly 1. That saves the [rows, vocab]
