@@ -76,6 +76,11 @@ def run_one(engine: str, dtype: str, args) -> dict:
                    "--workload", args.workload, "--threads", str(args.threads)]
     if args.limit:
         argv += ["--limit", str(args.limit)]
+    if args.temperature != 0 or args.top_p != 1:
+        if engine not in ("pagedcore", "vllm"):
+            return {"engine": engine, "dtype": dtype, "skipped": "sampled runs (--temperature / --top-p): pagedcore "
+                                                                  "and vllm only"}
+        argv += ["--temperature", str(args.temperature), "--top-p", str(args.top_p)]
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=args.timeout)
@@ -153,6 +158,9 @@ def main():
     p.add_argument("--limit", type=int, default=None, help="only the first N requests (HF is slow)")
     p.add_argument("--rounds", type=int, default=1, help="alternations of all engines")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="every request's temperature (0 = greedy, the fixed workload's); pagedcore and vllm only")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (with --temperature)")
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--hf-folder", default="/tmp/smollm2-135m-hf", help="the converted model vLLM reads")
     p.add_argument("--vllm-bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
@@ -162,7 +170,8 @@ def main():
     args = p.parse_args()
 
     print(f"{time.strftime('%Y-%m-%d %H:%M')}  {cpu_description()}\n  mode {args.mode}, workload {args.workload}"
-          f"{f' (first {args.limit})' if args.limit else ''}, load average {os.getloadavg()}")
+          f"{f' (first {args.limit})' if args.limit else ''}, load average {os.getloadavg()}, "
+          + (f"sampled: temperature {args.temperature}, top_p {args.top_p}" if args.temperature else "greedy"))
     runs = []
     for round_index in range(args.rounds):
         for dtype in args.dtypes:

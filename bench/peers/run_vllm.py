@@ -10,7 +10,7 @@ from common import parser, run_offline_llm
 
 
 def main():
-    p = parser(__doc__)
+    p = parser(__doc__, sampling=True)
     p.add_argument("--max-model-len", type=int, default=2048)
     args = p.parse_args()
     if not args.model:
