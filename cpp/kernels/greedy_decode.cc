@@ -35,7 +35,7 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
   if (num_rows > head_max_rows)
     return Status::invalid("greedy_decode: " + str(num_rows) + " logits rows; the head's kernel takes at most " +
                            str(head_max_rows));
-  if (!input_ids || !positions || !logits_indices || !tokens || !cos_sin_cache || !final_norm)
+  if (!input_ids || !positions || !cos_sin_cache || !final_norm || (num_rows > 0 && (!logits_indices || !tokens)))
     return Status::invalid("greedy_decode: a pointer is null");
   if (embedding.K != E || head.params.K != E || head.params.out_dtype != DType::kFloat32 ||
       head.params.epilogue != LinearEpilogue::kNone || embedding.out_dtype != dtype)
