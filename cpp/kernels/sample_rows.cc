@@ -38,7 +38,7 @@ constexpr size_t kSortedWalkMax = 2048;
 
 // Per-thread scratch, kept between calls (the engine samples from one thread at a time per row).
 struct RowScratch {
-  std::vector<float> block_sum, block_max, mass, candidates, bin_min, bin_values;
+  std::vector<float> block_sum, block_max, mass, candidates, block_maxima, bin_min, bin_values;
   std::vector<double> bin_mass;
 };
 
@@ -82,7 +82,7 @@ class RowSampler {
   // bounds it from below (k blocks each hold a weight >= it): the candidates are few. Else the ladder.
   float top_k_threshold(int64_t k) {
     if (k <= num_blocks_) {
-      std::vector<float>& maxima = s_.bin_min;  // scratch
+      std::vector<float>& maxima = s_.block_maxima;
       maxima.assign(s_.block_max.begin(), s_.block_max.end());
       std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
       collect(maxima[k - 1]);

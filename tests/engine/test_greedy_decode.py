@@ -194,6 +194,8 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
         with pytest.raises(ValueError, match=words):
             decoder(_one_token_step(0, 5, 0), kv_cache, bad)
         assert torch.equal(kv_cache[:, :, 0], before)
+    two_rows = RowSampling.from_params([SamplingParams(temperature=1)] * 2, None, decoder.vocab_size)
+    assert decoder.takes(1, 1, kv_cache, good) and not decoder.takes(1, 1, kv_cache, two_rows)  # declined up front
     with pytest.raises(ValueError, match="sampling inputs for 2 rows"):
         decoder(_one_token_step(0, 5, 0), kv_cache, RowSampling.from_params([SamplingParams(temperature=1)] * 2,
                                                                            None, decoder.vocab_size))

@@ -190,7 +190,7 @@ def test_the_sampler_takes_cpu_rows_and_seeded_rows_do_not_depend_on_the_batch()
         md = SamplingMetadata.from_requests(batch_params, vocab_size=vocab, generators=gens)
         assert md.rows is not None
         rows = torch.stack([logits[0] if i == row_of_seeded else logits[1 + i % 3] for i in range(len(batch_params))])
-        return [int(Sampler()(rows, md).sampled_token_ids[row_of_seeded]) for _ in range(1)]
+        return int(Sampler()(rows, md).sampled_token_ids[row_of_seeded])
 
     alone = run([seeded], 0)
     in_batch = run([others[0], others[1], seeded, others[2]], 2)

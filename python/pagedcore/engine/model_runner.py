@@ -77,7 +77,7 @@ class ModelRunner:
             return None
         offer = getattr(self.model, "greedy_decoder", None)
         decoder = offer() if offer is not None else None
-        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache):
+        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache, sampling):
             return None
         self.move_blocks(step)
         return decoder(step, self.kv_cache, sampling)

@@ -116,9 +116,12 @@ class GreedyDecode:
         since timing was turned on or last taken."""
         return self._decoder.seconds(True)
 
-    def takes(self, num_tokens: int, num_rows: int, kv_cache: torch.Tensor) -> bool:
+    def takes(self, num_tokens: int, num_rows: int, kv_cache: torch.Tensor,
+              sampling: RowSampling | None = None) -> bool:
+        """Whether this step fits (asked before anything runs: block moves, noise)."""
         return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
-                and kv_cache.is_cpu)
+                and kv_cache.is_cpu
+                and (sampling is None or (sampling.num_rows == num_rows and sampling.vocab_size == self.vocab_size)))
 
     def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None) -> np.ndarray:
         """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,

@@ -93,6 +93,8 @@ class SamplingMetadata:
 
         ordered = [params[i] for i in order]
         temperature = top_k = top_p = min_p = None
+        # Row order for the C++ sampler; it also checks that every seeded random row has its generator.
+        rows = RowSampling.from_params(params, generators, vocab_size) if order else None
         row_generators: dict[int, torch.Generator] = {}
         if order:
             temperature = tensor([p.temperature for p in ordered], torch.float32)
@@ -101,15 +103,8 @@ class SamplingMetadata:
                 top_k = tensor([p.top_k if p.top_k > 0 else vocab_size for p in head], torch.long)
                 top_p = tensor([p.top_p for p in head], torch.float32)
                 min_p = tensor([p.min_p for p in head], torch.float32)
-            for position, row in enumerate(order):
-                if ordered[position].seed is None:
-                    continue
-                generator = None if generators is None else generators[row]
-                if generator is None:
-                    raise ValueError(
-                        f"row {row} has seed={ordered[position].seed} but no generator; create one per "
-                        "request with make_generator(params) and pass the same object every step")
-                row_generators[position] = generator
+            row_generators = {position: rows.generators[row] for position, row in enumerate(order)
+                              if row in rows.generators}
 
         logit_bias = _logit_bias_pairs(params, vocab_size, device)
         banned = _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device)
@@ -144,7 +139,7 @@ class SamplingMetadata:
             top_p=top_p,
             min_p=min_p,
             generators=row_generators,
-            rows=RowSampling.from_params(params, generators, vocab_size) if order else None,
+            rows=rows,
             logit_bias=logit_bias,
             banned=banned,
             repetition=repetition,

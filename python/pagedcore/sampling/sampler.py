@@ -79,7 +79,8 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
             return argmax_rows_tensor(logits)
-        if md.rows is not None and cpu_sampler.takes(logits):  # the torch stages below: other devices
+        # CPU logits: the C++ kernel; the torch stages below serve other devices (and PAGEDCORE_CPU_SAMPLER=0).
+        if md.rows is not None and cpu_sampler.enabled() and cpu_sampler.takes(logits):
             return torch.from_numpy(cpu_sampler.sample_rows(logits, md.rows))
         if md.random_row_ids is None:  # every row random, already in sampling order: work in place
             return self._sample_random(logits, md)
