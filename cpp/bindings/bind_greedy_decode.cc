@@ -5,9 +5,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <optional>
 #include <string>
 
 #include "bindings/bind_common.h"
+#include "bindings/logit_edits_arg.h"
 #include "kernels/decoder_stack.h"
 #include "kernels/greedy_decode.h"
 
@@ -60,7 +62,8 @@ void bind_greedy_decode(py::module_& m) {
              int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_query_len,
              int64_t max_seq_len, const Array<int64_t>& logits_indices, const py::object& temperature,
-             const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise) {
+             const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise,
+             const py::object& edits) {
             expect_1d(input_ids, "input_ids", -1);
             const int64_t T = input_ids.shape(0);
             expect_1d(positions, "positions", T);
@@ -114,12 +117,15 @@ void bind_greedy_decode(py::module_& m) {
               sampling.noise = noise_a.data();
               sampling.noise_width = noise_a.shape(1);
             }
+            std::optional<LogitEditsArg> edits_arg;
+            if (!edits.is_none()) edits_arg.emplace(edits, num_rows);
             py::array_t<int64_t> tokens(num_rows);  // [num_rows]
             kernels::Status status;
             {
               py::gil_scoped_release release;
               status = g.run(stack, step, input_ids.data(), positions.data(), logits_indices.data(), num_rows,
-                             tokens.mutable_data(), sampled ? &sampling : nullptr);
+                             tokens.mutable_data(), sampled ? &sampling : nullptr,
+                             edits_arg ? &edits_arg->params() : nullptr);
             }
             raise_if_error(status);
             return tokens;
@@ -128,10 +134,11 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
           py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_query_len"), py::arg("max_seq_len"),
           py::arg("logits_indices"), py::kw_only(), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
-          py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
+          py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(), py::arg("edits") = py::none(),
           "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]; "
           "with temperature, top_k, top_p, min_p (1-D, a row each) and noise [rows, noise_width] (float32 / int64 "
-          "numpy), sample_rows instead of the argmax. kv_cache is a raw pointer (the caller checks the cache "
+          "numpy), sample_rows instead of the argmax; with edits (a pagedcore.sampling.logit_edits.LogitEdits), its "
+          "logit edits before either. kv_cache is a raw pointer (the caller checks the cache "
           "tensor); every index and sampling value is checked before the cache is written.")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(

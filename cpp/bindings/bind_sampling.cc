@@ -2,7 +2,10 @@
 // instead), which checks shapes and dtypes; this checks values (cpp/kernels/sample_rows.h).
 #include <pybind11/pybind11.h>
 
+#include <pybind11/numpy.h>
+
 #include "bindings/bind_common.h"
+#include "bindings/logit_edits_arg.h"
 #include "kernels/sample_rows.h"
 
 namespace pagedcore {
@@ -37,6 +40,23 @@ void bind_sampling(py::module_& m) {
       py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("noise"), py::arg("noise_width"), py::arg("out"),
       py::arg("cuts") = 0,
       "Raw-pointer entry of pagedcore.ops.sample_rows.sample_rows (call that instead).");
+  m.def(
+      "apply_logit_edits",
+      [](py::array_t<float, py::array::c_style> logits, const py::object& edits) {
+        if (logits.ndim() != 2) throw py::value_error("apply_logit_edits: logits must be [rows, vocab] float32");
+        const int64_t rows = logits.shape(0), vocab = logits.shape(1);
+        const LogitEditsArg arg(edits, rows);
+        float* data = logits.mutable_data();
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::apply_logit_edits(arg.params(), data, rows, vocab, vocab);
+        }
+        raise_if_error(status);
+      },
+      py::arg("logits"), py::arg("edits"),
+      "logits [rows, vocab] float32 numpy (C order), edited in place by a pagedcore.sampling.logit_edits.LogitEdits "
+      "(logit_bias, min_tokens bans, repetition, presence and frequency penalties; cpp/kernels/logit_edits.h).");
   m.def("sample_noise_width", &kernels::sample_noise_width, py::arg("vocab"),
         "Exponential(1) draws sample_rows reads a row: ceil(vocab / 256) blocks, then 256 for inside one.");
 }

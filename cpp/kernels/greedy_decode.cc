@@ -25,7 +25,7 @@ void* grow(std::vector<char>& v, int64_t bytes) {
 
 Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
                           const int64_t* positions, const int64_t* logits_indices, int64_t num_rows,
-                          int64_t* tokens, const SampleRowsParams* sampling) {
+                          int64_t* tokens, const SampleRowsParams* sampling, const LogitEditsParams* edits) {
   const int64_t T = step.num_tokens, E = stack.sizes.hidden_size, D = stack.sizes.head_dim;
   const DType dtype = stack.sizes.dtype;
   const int64_t es = dtype_size(dtype);
@@ -67,6 +67,10 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
     sample.out = tokens;
     sample.logits = nullptr;
     const Status checked = check_sample_inputs(sample);
+    if (!checked.is_ok()) return checked;
+  }
+  if (edits) {  // likewise
+    const Status checked = check_logit_edits(*edits, num_rows, V);
     if (!checked.is_ok()) return checked;
   }
 
@@ -119,6 +123,7 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
   if (logits_.size() < static_cast<size_t>(num_rows * V)) logits_.resize(num_rows * V);
   st = head.run(logits_.data(), head_x, num_rows, E, V);  // fp32 [num_rows, V]
   if (!st.is_ok()) return st;
+  if (edits && !(st = apply_logit_edits(*edits, logits_.data(), num_rows, V, V)).is_ok()) return st;
 
   if (sampling) {
     sample.logits = logits_.data();

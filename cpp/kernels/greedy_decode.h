@@ -1,8 +1,9 @@
 // A plain step in one call: the step's token ids in, the next token of every sampled row out.
 //
 // When the engine needs nothing from a step's logits but a token drawn from each sampled row's own
-// distribution (every sampled row greedy or plainly sampled with temperature / top-k / top-p / min-p;
-// no logprobs, penalties, logit bias, grammar, beams or drafts: the engine decides), the Python
+// distribution (every sampled row greedy or sampled with temperature / top-k / top-p / min-p after
+// its penalties, logit bias and min_tokens bans; no logprobs, grammar, beams or drafts: the engine
+// decides), the Python
 // forward + sampling path is ~10 calls that each wrap tensors and check them: 5-9% of a single-stream
 // greedy token of the default model on the 2-core AMD EPYC Zen 4 (bench/RESULTS.md). This runs the
 // same kernels, in the same order and on the same rows, from C++:
@@ -12,6 +13,7 @@
 //   hidden, residual = every decoder layer                         (decoder_stack.h)
 //   normed  [T, E] = rms_norm(residual + hidden)                   (the final norm, norm.h)
 //   logits  [R, E] = normed[logits_indices] . Whead^T, fp32        (the LM head's linear.h layer)
+//   logits         = logit_bias, min_tokens bans, penalties        (logit_edits.h, when given)
 //   tokens  [R]    = argmax of each logits row                     (argmax_rows.h), or with
 //                    per-row sampling inputs, sample_rows            (sample_rows.h: the noise is the caller's)
 //
@@ -26,6 +28,7 @@
 #include "kernels/embedding_rows.h"
 #include "kernels/kernel_types.h"
 #include "kernels/linear.h"
+#include "kernels/logit_edits.h"
 #include "kernels/sample_rows.h"
 
 namespace pagedcore {
@@ -57,10 +60,12 @@ struct GreedyDecoder {
   // row's token written to tokens[num_rows] (num_rows 0: the layers only, for a chunk that samples
   // nothing). Checks every index before the stack writes the cache. sampling: null for each row's
   // argmax, else its temperature, top_k, top_p, min_p, noise and noise_width per row (the rest is
-  // filled here) for sample_rows; its values are checked before the stack runs too.
+  // filled here) for sample_rows; its values are checked before the stack runs too. edits: null, or
+  // the rows' logit edits (logit_edits.h, rows numbered 0..num_rows-1), checked before the stack runs
+  // and applied to the logits before the argmax or sampling.
   Status run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
              const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens,
-             const SampleRowsParams* sampling = nullptr);
+             const SampleRowsParams* sampling = nullptr, const LogitEditsParams* edits = nullptr);
 };
 
 }  // namespace kernels

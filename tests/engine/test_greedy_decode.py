@@ -18,6 +18,8 @@ from gguf import GGMLQuantizationType as T
 from pagedcore import LLM, SamplingParams
 from pagedcore.engine.step_input import StepInput
 from pagedcore.models import greedy_decode
+from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.row_sampling import RowSampling
 from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
 from tests.models import tiny_models
@@ -59,9 +61,9 @@ class _Counter:
         self.calls = 0
         original = greedy_decode.GreedyDecode.__call__
 
-        def counted(decoder, step, kv_cache, sampling=None):
+        def counted(decoder, step, kv_cache, sampling=None, edits=None):
             self.calls += 1
-            return original(decoder, step, kv_cache, sampling)
+            return original(decoder, step, kv_cache, sampling, edits)
         monkeypatch.setattr(greedy_decode.GreedyDecode, "__call__", counted)
 
 
@@ -100,16 +102,36 @@ def test_the_one_call_step_gives_the_python_paths_tokens(tmp_path, monkeypatch, 
     calls_before = counter.calls
     mixed = _generate(llm, prompts, mixed_params)
     assert counter.calls > calls_before
+    # Rows with logit edits (penalties, logit_bias, min_tokens), greedy and seeded: the one call too.
+    calls_before = counter.calls
+    edited = _generate(llm, prompts, EDITED_PARAMS)
+    assert counter.calls > calls_before
     monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
     calls_before = counter.calls
     python = _generate(llm, prompts, greedy)
     python_sampled = _generate(llm, prompts, sampled_params)
     python_mixed = _generate(llm, prompts, mixed_params)
+    python_edited = _generate(llm, prompts, EDITED_PARAMS)
     assert counter.calls == calls_before and model.greedy_decoder() is None
     assert fused == python
     assert sampled == python_sampled
     assert mixed == python_mixed
+    assert edited == python_edited
     assert sampled[:4] != [python[0]] * 4  # the sampled rows did sample (not all the greedy tokens)
+    assert edited[2] == [5] * 10  # the +100 bias held every step
+    assert edited[0] != python[0] or edited[4] != python[4]  # the penalties changed greedy tokens
+
+
+# Greedy and seeded rows with each logit edit (row 2's bias forces token 5; row 3 bans EOS for 6 tokens).
+EDITED_PARAMS = [
+    SamplingParams(temperature=0, repetition_penalty=1.5, max_tokens=10, ignore_eos=True),
+    SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.7, max_tokens=10, ignore_eos=True,
+                   seed=21),
+    SamplingParams(temperature=0, logit_bias={5: 100.0, 7: -100.0}, max_tokens=10, ignore_eos=True),
+    SamplingParams(temperature=0.9, top_p=0.9, min_tokens=6, max_tokens=10, seed=22, stop_token_ids=[3, 4]),
+    SamplingParams(temperature=0, repetition_penalty=0.7, frequency_penalty=-0.4, presence_penalty=0.3,
+                   max_tokens=10, ignore_eos=True),
+]
 
 
 def test_the_one_call_step_equals_hf_greedy(tiny_llama, monkeypatch):
@@ -200,6 +222,22 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
         decoder(_one_token_step(0, 5, 0), kv_cache, RowSampling.from_params([SamplingParams(temperature=1)] * 2,
                                                                            None, decoder.vocab_size))
     assert torch.equal(kv_cache[:, :, 0], before)
+    # So are logit edits (greedy and sampled steps alike).
+    md = SamplingMetadata.from_requests([SamplingParams(repetition_penalty=1.3, logit_bias={3: 2.0})],
+                                        vocab_size=decoder.vocab_size, prompt_token_ids=[[1, 2]],
+                                        output_token_ids=[[4]])
+    edits = LogitEdits.from_metadata(md)
+    for bad, words in [(dataclasses.replace(edits, bias_tokens=np.array([decoder.vocab_size], dtype=np.int32)),
+                        "vocabulary"),
+                       (dataclasses.replace(edits, repetition_penalty=np.array([-1.0], dtype=np.float32)),
+                        "repetition_penalty")]:
+        for sampling in (None, good):
+            with pytest.raises((ValueError, IndexError), match=words):
+                decoder(_one_token_step(0, 5, 0), kv_cache, sampling, bad)
+            assert torch.equal(kv_cache[:, :, 0], before)
+    two_row_edits = LogitEdits.from_metadata(dataclasses.replace(md, num_rows=2, repetition_penalty=torch.ones(2)))
+    assert decoder.takes(1, 1, kv_cache, None, edits) and not decoder.takes(1, 1, kv_cache, None, two_row_edits)
+    assert decoder(_one_token_step(0, 5, 0), kv_cache, None, edits).shape == (1,)
     # A valid step through the same decoder still works (the errors left nothing behind).
     assert decoder(_one_token_step(0, 5, 0), kv_cache).shape == (1,)
     assert decoder(_one_token_step(0, 5, 0), kv_cache, good).shape == (1,)

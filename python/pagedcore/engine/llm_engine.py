@@ -23,7 +23,7 @@ from pagedcore.distributed.parallel_config import executor_backend, machine_kv_c
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.beam_search import BeamSearch
 from pagedcore.engine.fault_injection import FaultInjector
-from pagedcore.engine.output_processor import OutputProcessor, plain_sampling
+from pagedcore.engine.output_processor import OutputProcessor, has_logit_edits
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
 from pagedcore.engine.step_input import StepInput
@@ -32,6 +32,8 @@ from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.ops import sample_rows as cpu_sampler
+from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
 from pagedcore.sampling.row_sampling import RowSampling
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
@@ -266,23 +268,31 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------------------
     def _plain_rows(self, rows) -> bool:
         """Nothing but each sampled row's token is wanted from this step's logits: no drafts to verify,
-        no beams, no grammar masks, no first samples to fork (n > 1), every row greedy or plainly
-        sampled (plain_sampling: no penalties, bias, min_tokens or logprobs)."""
+        no beams, no grammar masks, no first samples to fork (n > 1), no logprobs; every row greedy or
+        sampled by temperature / top-k / top-p / min-p, after its penalties, logit bias and min_tokens
+        bans (the one-call step applies those too: sampling/logit_edits.py)."""
         return (self.speculator is None and len(self.beam_search) == 0 and not self.registry.num_constrained
-                and all(plain_sampling(s.params) and not s.request.needs_fork for s in rows))
+                and all(s.params.logprobs is None and not s.request.needs_fork for s in rows))
 
     def _fused_step(self, step_input, rows) -> np.ndarray | None:
         """The step's tokens from one C++ call (models/greedy_decode.py) when its rows are plain, or None
         (nothing run, no noise drawn) for the Python forward and sampler."""
         if not self._plain_rows(rows):
             return None
-        sampling = None
-        if not all(s.params.temperature == 0 for s in rows):
-            if not cpu_sampler.enabled():
+        sampled = not all(s.params.temperature == 0 for s in rows)
+        if sampled and not cpu_sampler.enabled():
+            return None
+        sampling = edits = None
+        if any(has_logit_edits(s.params) for s in rows):
+            if not logit_edits_enabled():
                 return None
+            # The Sampler's own inputs for these rows: the same pairs, and md.rows (None when all greedy).
+            md = self.output_processor.sampling_metadata(rows, self.output_processor.vocab_size, "cpu")
+            sampling, edits = md.rows, LogitEdits.from_metadata(md)
+        elif sampled:
             sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
                                                self.output_processor.vocab_size)
-        return self.worker.execute_fused_step(step_input, sampling)
+        return self.worker.execute_fused_step(step_input, sampling, edits)
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for

@@ -12,6 +12,7 @@ import torch
 from pagedcore.engine.step_input import StepInput
 from pagedcore.ops import attention as kernels
 from pagedcore.layers.attention import AttentionMetadata
+from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.row_sampling import RowSampling
 
 
@@ -67,9 +68,11 @@ class ModelRunner:
         self.model.compute_logits(hidden[:num_logits_rows])
 
     @torch.inference_mode()
-    def execute_fused(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+    def execute_fused(self, step: StepInput, sampling: RowSampling | None = None,
+                      edits: LogitEdits | None = None) -> np.ndarray | None:
         """The step's tokens (int64 [len(step.logits_indices)]: each row's argmax, or drawn with
-        sampling's inputs) from one C++ call (models/greedy_decode.py), or None where that path does
+        sampling's inputs; after edits' penalties, bias and bans when given) from one C++ call
+        (models/greedy_decode.py), or None where that path does
         not take the step: nothing has run then (no noise drawn either), and the caller runs execute()
         and samples. The caller has checked that every sampled row is plain (greedy or plainly
         sampled) and that no other logits rows are asked for."""
@@ -77,10 +80,11 @@ class ModelRunner:
             return None
         offer = getattr(self.model, "greedy_decoder", None)
         decoder = offer() if offer is not None else None
-        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache, sampling):
+        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache,
+                                                sampling, edits):
             return None
         self.move_blocks(step)
-        return decoder(step, self.kv_cache, sampling)
+        return decoder(step, self.kv_cache, sampling, edits)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:

@@ -43,8 +43,13 @@ def plain_greedy(params) -> bool:
 def plain_sampling(params) -> bool:
     """Nothing changes or reports the logits: the token comes from the row's own distribution under
     temperature / top-k / top-p / min-p (or its argmax) alone."""
-    return (not params.has_penalties and not params.logit_bias and params.min_tokens == 0
-            and params.logprobs is None)
+    return not has_logit_edits(params) and params.logprobs is None
+
+
+def has_logit_edits(params) -> bool:
+    """Penalties, a logit bias or min_tokens: edits of the logits before the token is drawn
+    (sampling/penalties.py; in the one-call step, sampling/logit_edits.py)."""
+    return params.has_penalties or bool(params.logit_bias) or params.min_tokens != 0
 
 
 class OutputProcessor:
@@ -125,15 +130,19 @@ class OutputProcessor:
             self._mask_grammar(logits, all_rows)
         if all(plain_greedy(s.params) for s in all_rows):
             return argmax_rows(logits), None, logits
-        md = SamplingMetadata.from_requests(
-            [s.params for s in all_rows], vocab_size=logits.shape[1],
-            eos_token_ids=self.eos_token_ids,
-            prompt_token_ids=[s.request.prompt_token_ids for s in all_rows],
-            output_token_ids=[s.output_token_ids for s in all_rows],
-            generators=[s.generator for s in all_rows],
-            num_output_tokens=[len(s.output_token_ids) for s in all_rows], device=logits.device)
+        md = self.sampling_metadata(all_rows, logits.shape[1], logits.device)
         sampler_output = self.sampler(logits, md)
         return sampler_output.sampled_token_ids.cpu().numpy(), sampler_output, logits
+
+    def sampling_metadata(self, rows: list[SequenceState], vocab_size: int, device) -> SamplingMetadata:
+        """The sampling inputs of these rows at this step (the Sampler's, and the one-call step's edits)."""
+        return SamplingMetadata.from_requests(
+            [s.params for s in rows], vocab_size=vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            prompt_token_ids=[s.request.prompt_token_ids for s in rows],
+            output_token_ids=[s.output_token_ids for s in rows],
+            generators=[s.generator for s in rows],
+            num_output_tokens=[len(s.output_token_ids) for s in rows], device=device)
 
     def _parent_of(self, child: SequenceState) -> int:
         return child.request.seqs[0].seq_id

@@ -16,6 +16,7 @@ import torch
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.model_runner import ModelRunner
 from pagedcore.engine.step_input import StepInput
+from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.row_sampling import RowSampling
 
 
@@ -61,11 +62,13 @@ class Worker(ABC):
     def execute_step(self, step: StepInput) -> torch.Tensor:
         """Block moves, then the forward. Returns fp32 logits [num_logits_rows, vocab] (step.logits_indices)."""
 
-    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None,
+                           edits: LogitEdits | None = None) -> np.ndarray | None:
         """For a step whose sampled rows are all plain (the engine checked): block moves, the forward
-        and each row's token (argmax; drawn with sampling's inputs when given) in one go -> int64
-        [len(step.logits_indices)]; or None, having run nothing and drawn no noise, where the worker
-        has no such path (the engine then calls execute_step and samples)."""
+        and each row's token (argmax; drawn with sampling's inputs when given; after edits' penalties,
+        bias and bans when given) in one go -> int64 [len(step.logits_indices)]; or None, having run
+        nothing and drawn no noise, where the worker has no such path (the engine then calls
+        execute_step and samples)."""
         return None
 
     @abstractmethod
@@ -114,8 +117,9 @@ class InProcessWorker(Worker):
     def execute_step(self, step: StepInput) -> torch.Tensor:
         return self.runner.execute(step)
 
-    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
-        return self.runner.execute_fused(step, sampling)
+    def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None,
+                           edits: LogitEdits | None = None) -> np.ndarray | None:
+        return self.runner.execute_fused(step, sampling, edits)
 
     def memory_report(self) -> MemoryReport:
         model = self.runner.model

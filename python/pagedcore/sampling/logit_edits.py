@@ -1,0 +1,95 @@
+"""`LogitEdits`: one step's logit_bias, min_tokens bans and repetition / presence / frequency penalties
+as the flat numpy arrays the C++ edits take (cpp/kernels/logit_edits.h), for a step the engine runs as
+one C++ call (models/greedy_decode.py).
+
+Built from the step's SamplingMetadata, the same pairs the Sampler's torch stages apply
+(sampling/penalties.py), so both paths edit the same logits the same way. Two changes of form, not of
+result: a token listed several times for a row is one pair (repetition: each copy wrote the same
+value; presence / frequency: the pair carries its number of occurrences, and the kernel adds
+-frequency that many times, one at a time, as torch's serial index_put_(accumulate=True) does).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedcore import _core
+from pagedcore.sampling.metadata import SamplingMetadata, TokenPairs
+
+_EMPTY_INT = np.zeros(0, dtype=np.int32)
+
+
+def enabled() -> bool:
+    """PAGEDCORE_FUSED_LOGIT_EDITS=0: steps with such rows take the Python forward and sampler (A/B runs)."""
+    return os.environ.get("PAGEDCORE_FUSED_LOGIT_EDITS", "1") != "0"
+
+
+@dataclass
+class LogitEdits:
+    bias_rows: np.ndarray  # [B] int32: logit_bias pairs (one per row and token) ...
+    bias_tokens: np.ndarray  # [B] int32
+    bias_values: np.ndarray  # [B] float32: ... and their bias
+    ban_rows: np.ndarray  # [N] int32: min_tokens bans (EOS and stop ids of rows still short)
+    ban_tokens: np.ndarray  # [N] int32
+    repetition_rows: np.ndarray  # [P] int32: distinct prompt + output tokens of rows with a repetition penalty
+    repetition_tokens: np.ndarray  # [P] int32
+    counted_rows: np.ndarray  # [C] int32: distinct output tokens of rows with a presence / frequency penalty ...
+    counted_tokens: np.ndarray  # [C] int32
+    counts: np.ndarray  # [C] int32: ... and how often each occurs (>= 1)
+    repetition_penalty: np.ndarray  # [R] float32 (1 = off)
+    presence_penalty: np.ndarray  # [R] float32 (0 = off)
+    frequency_penalty: np.ndarray  # [R] float32 (0 = off)
+
+    @classmethod
+    def from_metadata(cls, md: SamplingMetadata) -> LogitEdits | None:
+        """The edits of md's rows (CPU tensors), or None when no row has any."""
+        if md.logit_bias is None and md.banned is None and md.repetition is None and md.output_tokens is None:
+            return None
+        bias_rows, bias_tokens = _pair_arrays(md.logit_bias)
+        bias_values = (md.logit_bias.values.numpy().astype(np.float32, copy=False) if md.logit_bias is not None
+                       else np.zeros(0, dtype=np.float32))
+        ban_rows, ban_tokens = _pair_arrays(md.banned)
+        repetition_rows, repetition_tokens, _ = _distinct(md.repetition, md.vocab_size)
+        counted_rows, counted_tokens, counts = _distinct(md.output_tokens, md.vocab_size)
+        return cls(
+            bias_rows=bias_rows, bias_tokens=bias_tokens, bias_values=bias_values, ban_rows=ban_rows,
+            ban_tokens=ban_tokens, repetition_rows=repetition_rows, repetition_tokens=repetition_tokens,
+            counted_rows=counted_rows, counted_tokens=counted_tokens, counts=counts,
+            repetition_penalty=_per_row(md.repetition_penalty, md.num_rows, 1.0),
+            presence_penalty=_per_row(md.presence_penalty, md.num_rows, 0.0),
+            frequency_penalty=_per_row(md.frequency_penalty, md.num_rows, 0.0))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        """Edits logits [R, V] (float32, contiguous, CPU) in place: what the one-call step does to its rows."""
+        if logits.dtype != torch.float32 or logits.dim() != 2 or not logits.is_contiguous() or not logits.is_cpu:
+            raise ValueError(f"LogitEdits.apply: logits must be a contiguous [rows, vocab] float32 CPU tensor, got "
+                             f"{tuple(logits.shape)} {logits.dtype} on {logits.device}")
+        _core.apply_logit_edits(logits.numpy(), self)
+
+
+def _pair_arrays(pairs: TokenPairs | None) -> tuple[np.ndarray, np.ndarray]:
+    if pairs is None:
+        return _EMPTY_INT, _EMPTY_INT
+    return pairs.row_ids.numpy().astype(np.int32), pairs.token_ids.numpy().astype(np.int32)
+
+
+def _distinct(pairs: TokenPairs | None, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (row, token) pairs and each one's number of occurrences."""
+    if pairs is None:
+        return _EMPTY_INT, _EMPTY_INT, _EMPTY_INT
+    rows, tokens = pairs.row_ids.numpy(), pairs.token_ids.numpy()
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
+        raise ValueError(f"a penalised token id {bad} is outside the vocabulary [0, {vocab_size})")
+    keys, counts = np.unique(rows.astype(np.int64) * vocab_size + tokens, return_counts=True)
+    return (keys // vocab_size).astype(np.int32), (keys % vocab_size).astype(np.int32), counts.astype(np.int32)
+
+
+def _per_row(values: torch.Tensor | None, num_rows: int, off: float) -> np.ndarray:
+    if values is None:
+        return np.full(num_rows, off, dtype=np.float32)
+    return values.numpy().astype(np.float32, copy=False)
