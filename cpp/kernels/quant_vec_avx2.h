@@ -99,6 +99,7 @@ struct QVecAvx2 {
 struct X16Avx2 {
   static constexpr int kMaxRows = 2;  // 2 x (2 int32 + 2 fp32) accumulators + working registers of 16
   static constexpr bool kQ8 = false;
+  static constexpr bool kPairs16 = true;
   struct V { __m256i h[2]; };
   struct I { __m256i h[2]; };
   struct F { __m256 h[2]; };
@@ -122,6 +123,20 @@ struct X16Avx2 {
     for (int i = 0; i < 2; ++i)
       acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w.h[i], x), ones));
     return acc;
+  }
+  // int16 pair sums of a nibble block (quant_x16_impl.h, kPairs16); lane layout as I, int16 halves.
+  using P = I;
+  static P pzero() { return izero(); }
+  static P pdot4(P acc, const V& w, const int8_t* x4) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m256i x = _mm256_set1_epi32(four);
+    for (int i = 0; i < 2; ++i) acc.h[i] = _mm256_add_epi16(acc.h[i], _mm256_maddubs_epi16(w.h[i], x));
+    return acc;
+  }
+  static I widen(const P& p) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    return {{_mm256_madd_epi16(p.h[0], ones), _mm256_madd_epi16(p.h[1], ones)}};
   }
   static F fzero() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
   static F cvt(const I& a) { return {{_mm256_cvtepi32_ps(a.h[0]), _mm256_cvtepi32_ps(a.h[1])}}; }

@@ -120,6 +120,7 @@ template <bool kVnni>
 struct X16Avx512 {
   static constexpr int kMaxRows = 8;  // 8 int32 + 8 fp32 accumulators + 6 working zmm of 32
   static constexpr bool kQ8 = kVnni;
+  static constexpr bool kPairs16 = !kVnni;  // vpdpbusd already sums into int32 in one instruction
   using V = __m512i;
   using I = __m512i;
   using F = __m512;
@@ -134,6 +135,14 @@ struct X16Avx512 {
     if (kVnni) return _mm512_dpbusd_epi32(acc, w, x);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
   }
+  using P = __m512i;  // int16 pair sums (kPairs16)
+  static P pzero() { return _mm512_setzero_si512(); }
+  static P pdot4(P acc, V w, const int8_t* x4) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    return _mm512_add_epi16(acc, _mm512_maddubs_epi16(w, _mm512_set1_epi32(four)));
+  }
+  static I widen(P p) { return _mm512_madd_epi16(p, _mm512_set1_epi16(1)); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static F half16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }

@@ -200,6 +200,7 @@ struct QVecGeneric {
 struct X16Generic {
   static constexpr int kMaxRows = 4;
   static constexpr bool kQ8 = true;
+  static constexpr bool kPairs16 = false;  // (a trait with kPairs16 also defines P, pzero, pdot4, widen)
   struct V { uint8_t b[64]; };
   struct I { int32_t v[16]; };
   struct F { float v[16]; };

@@ -16,7 +16,9 @@
 //
 // Trait X (16 int32 / fp32 lanes):
 //   V (64 weight bytes), I (16 int32), F (16 fp32); kQ8 (Q8_0x16 runs: products of bytes up to 255
-//   do not saturate, true for vpdpbusd, false for vpmaddubsw's int16 pairs)
+//   do not saturate, true for vpdpbusd, false for vpmaddubsw's int16 pairs); kPairs16 (a vpmaddubsw
+//   trait: P (32 int16), P pzero(), P pdot4(P acc, V w, const int8_t* x4) (the int16 pair sums of
+//   w and x4 broadcast, added to acc), I widen(P) (adjacent int16 pairs summed into int32 lanes))
 //   V load(p); V lo4(V), hi4(V) (nibbles as bytes); I izero(); I dot4(I acc, V w, const int8_t* x4)
 //   (acc[l] += sum_t w[4 l + t] x4[t]); F fzero(); F cvt(I); F half16(const uint16_t*);
 //   F mul_s(F, float); F fmadd(F a, F b, F c); F fmadd_s(F a, float s, F c); void store(float*, F)
@@ -41,6 +43,12 @@ using X = PC_X16;
 constexpr int kMaxRows = X::kMaxRows;
 // Blocks ahead whose bytes the loop prefetches (the next row group's, at the end of a group).
 constexpr int kPrefetchBlocks = 4;
+
+// T, as a type that depends on K (names looked up in it wait for the instantiation).
+template <int K, class T>
+struct Dependent {
+  using type = T;
+};
 
 // kKind: 0 = Q8_0x16, 1 = Q4_0x16, 2 = Q4_1x16.
 template <int kKind>
@@ -86,7 +94,24 @@ void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Bloc
     else cw = X::mul_s(dw, Format<kKind>::kOffset);
     typename X::I sum[MR];
     for (int r = 0; r < MR; ++r) sum[r] = X::izero();
-    if constexpr (kKind == 0) {
+    if constexpr (kKind != 0 && X::kPairs16) {
+      using XP = typename Dependent<kKind, X>::type;  // a dependent name: traits without P compile
+      // Nibbles on vpmaddubsw: the block's 8 products of byte pairs add up in int16 (each is at most
+      // 2 * 15 * 128 = 3840 in magnitude, so 8 of them fit: no saturation, no wrap) and widen to int32
+      // once, instead of a vpmaddwd and a vpaddd after each: the same integers, ~30% fewer
+      // instructions on the multiply ports.
+      typename XP::P pairs[MR];
+      for (int r = 0; r < MR; ++r) pairs[r] = XP::pzero();
+      for (int j = 0; j < 4; ++j) {
+        const typename XP::V v = XP::load(w.qs[j]);
+        const typename XP::V lo = XP::lo4(v), hi = XP::hi4(v);
+        for (int r = 0; r < MR; ++r) {
+          pairs[r] = XP::pdot4(pairs[r], lo, xq[r] + b * kBlock32 + 4 * j);
+          pairs[r] = XP::pdot4(pairs[r], hi, xq[r] + b * kBlock32 + 16 + 4 * j);
+        }
+      }
+      for (int r = 0; r < MR; ++r) sum[r] = XP::widen(pairs[r]);
+    } else if constexpr (kKind == 0) {
       for (int j = 0; j < 8; ++j) {
         const typename X::V v = X::load(w.qs[j]);
         for (int r = 0; r < MR; ++r) sum[r] = X::dot4(sum[r], v, xq[r] + b * kBlock32 + 4 * j);

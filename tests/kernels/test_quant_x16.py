@@ -97,6 +97,32 @@ def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
     assert (np.abs(y - ggml_y.double().numpy()) <= 2 * tol).all()
 
 
+@pytest.mark.parametrize("fmt", ["q4_0x16", "q4_1x16", "q8_0x16"])
+def test_the_32_weight_kernels_give_the_same_bits_on_every_isa(fmt):
+    """Integer sums are exact on every path (vpdpbusd; vpmaddubsw pairs summed in int16 for a block's
+    nibbles, then widened; the generic loops) and the float epilogue is the same FMAs per lane: so
+    every ISA gives the same bits. Half the weight rows have every nibble / byte at its maximum and the
+    activations sit at +-127 (the int16 pair sums' worst case)."""
+    ggml = fmt[:-3]
+    N, K = 64, 32 * 9
+    rng = np.random.default_rng(7)
+    weight, _, _ = random_weight(ggml, N, K, rng)
+    block_bytes = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[ggml]
+    blocks = weight.view(N, K // 32, block_bytes)
+    first_q = block_bytes - (16 if ggml != "q8_0" else 32)
+    blocks[: N // 2, :, first_q:] = 0xFF if ggml != "q8_0" else 0x7F
+    packed = repack_x16(weight, ggml, K)
+    x = make_x(37, K, rng, torch.float32)
+    x[2], x[3] = 1.0, -1.0  # every activation at +127 / -127 after quantization
+    isas = [isa for isa in _X16_ISAS[fmt] if _core.kernel_isa_supported(isa)]
+    for m in (1, 2, 5, 37):
+        results = {isa: QuantLinearKernel(packed, fmt, K, isa=isa)(x[:m]) for isa in isas}
+        first = results[isas[0]]
+        for isa, y in results.items():
+            assert torch.equal(y, first), f"{fmt}, {m} rows: {isa} differs from {isas[0]}"
+    print(f"{fmt}: bit-identical on {', '.join(isas)}")
+
+
 @pytest.mark.parametrize("fmt, isa", [("q8_0x16", "avx2"), ("q8_0x16", "avx512")])
 def test_an_isa_without_the_kernel_refuses_by_name(fmt, isa):
     if not _core.kernel_isa_supported(isa):
