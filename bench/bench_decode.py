@@ -7,6 +7,8 @@ a decode step's time goes, op by op.
     .venv/bin/python bench/bench_decode.py --json out.json        # every figure as JSON too
     .venv/bin/python bench/bench_decode.py --dtype auto bfloat16 float32 --interleaved-floor 5
                       # engine tok/s against the copy-bandwidth floor probed just before each run
+    .venv/bin/python bench/bench_decode.py --dtype auto bfloat16 float32 --same-bytes-floor 3
+                      # each decode step against a read of as many bytes, right after it
 
 Sections:
   floor      weight bytes a decode step must read (every linear layer + the tied lm_head; norms and
@@ -316,6 +318,56 @@ def engine_against_floor(loaded, weight_bytes: int, rounds: int, prompt_len: int
     return {"rounds": out, "median_of_floor": statistics.median(x["of_floor"] for x in out)}
 
 
+def engine_against_same_bytes(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
+    """Each decode step of `rounds` requests, followed at once by one read of as many bytes as the
+    token's weights (a buffer of that size, streamed by _core.linear_read_probe on the kernels'
+    threads): the floor measured within milliseconds of the token it divides, step by step. The copy
+    probe of engine_against_floor is a 512 MB torch copy seconds apart from the run; on the Zen 4 VM
+    (2026-12-03) the machine's bandwidth moved by tens of percent between such probes, so only a ratio
+    taken step by step means anything there. Also splits each token into the C++ call (the one-call
+    step's own timer) and the rest (Python: scheduling, inputs, outputs)."""
+    from pagedcore import _core
+
+    engine = _engine(loaded)
+    probe = torch.ones(weight_bytes // 4)  # fp32 ones: no denormals in the read loop's sums
+    model = loaded.model
+    offer = getattr(model, "greedy_decoder", None)
+    g = torch.Generator().manual_seed(1)
+    steps = []
+    for r in range(rounds + 1):  # the first request warms up
+        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
+        params = _greedy_params(output_len)
+        engine.add_request(f"s{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
+        engine.step()  # the prefill
+        decoder = offer() if offer is not None else None
+        if decoder is not None:
+            decoder.set_timing(True)
+            decoder.take_seconds()
+        while engine.has_unfinished_requests():
+            t0 = time.perf_counter()
+            engine.step()
+            token = time.perf_counter() - t0
+            in_call = sum(decoder.take_seconds()) if decoder is not None else float("nan")
+            t1 = time.perf_counter()
+            _core.linear_read_probe(probe.data_ptr(), probe.nbytes, 0)
+            read = time.perf_counter() - t1
+            if r > 0:
+                steps.append((token, read, in_call))
+        if decoder is not None:
+            decoder.set_timing(False)
+    med = statistics.median
+    return {"steps": len(steps), "token_ms": med(s[0] for s in steps) * 1e3,
+            "read_ms": med(s[1] for s in steps) * 1e3, "read_gbps": weight_bytes / med(s[1] for s in steps) / 1e9,
+            "of_floor": med(s[1] / s[0] for s in steps), "call_of_floor": med(s[1] / s[2] for s in steps),
+            "outside_call_ms": med(s[0] - s[2] for s in steps) * 1e3}
+
+
+def _greedy_params(output_len: int):
+    from pagedcore.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+
+
 # -- main -----------------------------------------------------------------------------------------
 
 
@@ -335,6 +387,9 @@ def main(argv=None) -> int:
     ap.add_argument("--interleaved-floor", type=int, default=0, metavar="ROUNDS",
                     help="only: ROUNDS of (copy-bandwidth probe, one engine request), each round's "
                          "tok/s against the floor probed just before it")
+    ap.add_argument("--same-bytes-floor", type=int, default=0, metavar="ROUNDS",
+                    help="only: ROUNDS requests, each decode step followed by a read of as many bytes as "
+                         "its weights; the median per-step ratio read / token is the % of the floor")
     args = ap.parse_args(argv)
 
     from pagedcore.loader import load_model
@@ -359,6 +414,16 @@ def main(argv=None) -> int:
         print(f"\n== {dtype}: {wb['total'] / 1e6:.1f} MB of weights per decode token "
               f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
+        if args.same_bytes_floor:
+            res = engine_against_same_bytes(loaded, wb["total"], args.same_bytes_floor, 64, args.output_len)
+            entry["same_bytes_floor"] = res
+            print(f"{res['steps']} steps: token {res['token_ms']:.2f} ms, the same bytes read in {res['read_ms']:.2f} ms "
+                  f"({res['read_gbps']:.1f} GB/s): median per step {100 * res['of_floor']:.0f}% of the floor; the C++ "
+                  f"call alone {100 * res['call_of_floor']:.0f}%, {res['outside_call_ms']:.2f} ms a token outside it",
+                  flush=True)
+            report[dtype] = entry
+            del loaded, model
+            continue
         if args.interleaved_floor:
             res = engine_against_floor(loaded, wb["total"], args.interleaved_floor, 64, args.output_len)
             entry["interleaved_floor"] = res
