@@ -63,7 +63,7 @@ void bind_greedy_decode(py::module_& m) {
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_query_len,
              int64_t max_seq_len, const Array<int64_t>& logits_indices, const py::object& temperature,
              const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise,
-             const py::object& edits) {
+             const py::object& edits, const py::object& raw_rows, const py::object& raw_out) {
             expect_1d(input_ids, "input_ids", -1);
             const int64_t T = input_ids.shape(0);
             expect_1d(positions, "positions", T);
@@ -119,13 +119,32 @@ void bind_greedy_decode(py::module_& m) {
             }
             std::optional<LogitEditsArg> edits_arg;
             if (!edits.is_none()) edits_arg.emplace(edits, num_rows);
+            // Raw logits rows (logprobs): the indices and a [len(raw_rows), vocab] float32 output, together.
+            if (raw_rows.is_none() != raw_out.is_none())
+              throw py::value_error("GreedyDecoder.run: raw_rows and raw_out come together");
+            Array<int64_t> raw_rows_a;
+            Array<float> raw_out_a;
+            int64_t num_raw = 0;
+            if (!raw_rows.is_none()) {
+              raw_rows_a = raw_rows.cast<Array<int64_t>>();
+              raw_out_a = raw_out.cast<Array<float>>();
+              expect_1d(raw_rows_a, "raw_rows", -1);
+              num_raw = raw_rows_a.shape(0);
+              if (raw_out_a.ndim() != 2 || raw_out_a.shape(0) != num_raw || !raw_out_a.writeable())
+                throw py::value_error(
+                    "GreedyDecoder.run: raw_out must be a writable [len(raw_rows), vocab] float32 array");
+              if (raw_out_a.shape(1) != g.head.params.N)
+                throw py::value_error("GreedyDecoder.run: raw_out has " + std::to_string(raw_out_a.shape(1)) +
+                                      " columns; the head's vocabulary is " + std::to_string(g.head.params.N));
+            }
             py::array_t<int64_t> tokens(num_rows);  // [num_rows]
             kernels::Status status;
             {
               py::gil_scoped_release release;
               status = g.run(stack, step, input_ids.data(), positions.data(), logits_indices.data(), num_rows,
                              tokens.mutable_data(), sampled ? &sampling : nullptr,
-                             edits_arg ? &edits_arg->params() : nullptr);
+                             edits_arg ? &edits_arg->params() : nullptr, num_raw ? raw_rows_a.data() : nullptr,
+                             num_raw, num_raw ? raw_out_a.mutable_data() : nullptr);
             }
             raise_if_error(status);
             return tokens;
@@ -134,11 +153,13 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
           py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_query_len"), py::arg("max_seq_len"),
           py::arg("logits_indices"), py::kw_only(), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
-          py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(), py::arg("edits") = py::none(),
+          py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
+          py::arg("edits") = py::none(), py::arg("raw_rows") = py::none(), py::arg("raw_out") = py::none(),
           "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]; "
           "with temperature, top_k, top_p, min_p (1-D, a row each) and noise [rows, noise_width] (float32 / int64 "
           "numpy), sample_rows instead of the argmax; with edits (a pagedcore.sampling.logit_edits.LogitEdits), its "
-          "logit edits before either. kv_cache is a raw pointer (the caller checks the cache "
+          "logit edits before either; with raw_rows (int64) and raw_out ([len(raw_rows), vocab] float32), those rows' "
+          "logits before any edit copied out (logprobs). kv_cache is a raw pointer (the caller checks the cache "
           "tensor); every index and sampling value is checked before the cache is written.")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(

@@ -25,7 +25,8 @@ void* grow(std::vector<char>& v, int64_t bytes) {
 
 Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
                           const int64_t* positions, const int64_t* logits_indices, int64_t num_rows,
-                          int64_t* tokens, const SampleRowsParams* sampling, const LogitEditsParams* edits) {
+                          int64_t* tokens, const SampleRowsParams* sampling, const LogitEditsParams* edits,
+                          const int64_t* raw_rows, int64_t num_raw, float* raw_out) {
   const int64_t T = step.num_tokens, E = stack.sizes.hidden_size, D = stack.sizes.head_dim;
   const DType dtype = stack.sizes.dtype;
   const int64_t es = dtype_size(dtype);
@@ -73,6 +74,12 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
     const Status checked = check_logit_edits(*edits, num_rows, V);
     if (!checked.is_ok()) return checked;
   }
+  if (num_raw < 0 || (num_raw > 0 && (!raw_rows || !raw_out)))
+    return Status::invalid("greedy_decode: " + str(num_raw) + " raw logits rows without their indices or output");
+  for (int64_t i = 0; i < num_raw; ++i)
+    if (raw_rows[i] < 0 || raw_rows[i] >= num_rows)
+      return Status::out_of_range("greedy_decode: raw logits row " + str(raw_rows[i]) + " of a step that samples " +
+                                  str(num_rows) + " rows");
 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = timing ? Clock::now() : Clock::time_point();
@@ -123,6 +130,8 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
   if (logits_.size() < static_cast<size_t>(num_rows * V)) logits_.resize(num_rows * V);
   st = head.run(logits_.data(), head_x, num_rows, E, V);  // fp32 [num_rows, V]
   if (!st.is_ok()) return st;
+  for (int64_t i = 0; i < num_raw; ++i)  // before any edit: logprobs describe the model
+    std::memcpy(raw_out + i * V, logits_.data() + raw_rows[i] * V, V * sizeof(float));
   if (edits && !(st = apply_logit_edits(*edits, logits_.data(), num_rows, V, V)).is_ok()) return st;
 
   if (sampling) {

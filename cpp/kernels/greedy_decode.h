@@ -2,8 +2,8 @@
 //
 // When the engine needs nothing from a step's logits but a token drawn from each sampled row's own
 // distribution (every sampled row greedy or sampled with temperature / top-k / top-p / min-p after
-// its penalties, logit bias and min_tokens bans; no logprobs, grammar, beams or drafts: the engine
-// decides), the Python
+// its penalties, logit bias and min_tokens bans; logprobs from copies of the raw rows; no grammar,
+// beams or drafts: the engine decides), the Python
 // forward + sampling path is ~10 calls that each wrap tensors and check them: 5-9% of a single-stream
 // greedy token of the default model on the 2-core AMD EPYC Zen 4 (bench/RESULTS.md). This runs the
 // same kernels, in the same order and on the same rows, from C++:
@@ -13,6 +13,7 @@
 //   hidden, residual = every decoder layer                         (decoder_stack.h)
 //   normed  [T, E] = rms_norm(residual + hidden)                   (the final norm, norm.h)
 //   logits  [R, E] = normed[logits_indices] . Whead^T, fp32        (the LM head's linear.h layer)
+//   raw            = copies of the logits rows that want logprobs  (when asked)
 //   logits         = logit_bias, min_tokens bans, penalties        (logit_edits.h, when given)
 //   tokens  [R]    = argmax of each logits row                     (argmax_rows.h), or with
 //                    per-row sampling inputs, sample_rows            (sample_rows.h: the noise is the caller's)
@@ -62,10 +63,13 @@ struct GreedyDecoder {
   // argmax, else its temperature, top_k, top_p, min_p, noise and noise_width per row (the rest is
   // filled here) for sample_rows; its values are checked before the stack runs too. edits: null, or
   // the rows' logit edits (logit_edits.h, rows numbered 0..num_rows-1), checked before the stack runs
-  // and applied to the logits before the argmax or sampling.
+  // and applied to the logits before the argmax or sampling. raw_rows [num_raw] (rows in
+  // [0, num_rows), checked first too) and raw_out [num_raw, V]: those rows' logits as the head gave
+  // them, before any edit (the caller's logprobs: pagedcore/sampling/logprobs.py).
   Status run(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
              const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens,
-             const SampleRowsParams* sampling = nullptr, const LogitEditsParams* edits = nullptr);
+             const SampleRowsParams* sampling = nullptr, const LogitEditsParams* edits = nullptr,
+             const int64_t* raw_rows = nullptr, int64_t num_raw = 0, float* raw_out = nullptr);
 };
 
 }  // namespace kernels

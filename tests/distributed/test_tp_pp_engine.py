@@ -54,7 +54,7 @@ def record_logits(llm: LLM) -> list[np.ndarray]:
 
     worker.execute_step = recording
     # Every step must hand its logits to the engine: the one-call greedy path (tokens only) is off.
-    worker.execute_fused_step = lambda step, sampling=None, edits=None: None
+    worker.execute_fused_step = lambda step, sampling=None, edits=None, raw=None: None
     return steps
 
 

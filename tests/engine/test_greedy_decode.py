@@ -3,7 +3,8 @@ against the Python forward + sampling it stands in for: the same kernels on the 
 seeded sampled rows the same noise), so every token is the same,
 for every weight format the stack runs (dense fp32 / bf16 x16 or checkpoint layout, GGUF blocks
 repacked or as stored, k-quants, int8 per channel; tied and untied heads), through chunked prefill,
-prefix-cache hits and batches where a non-greedy request makes steps fall back. Bad indices are
+prefix-cache hits and batches with logprobs requests (the same logprobs) and penalised / biased /
+min_tokens rows (logit_edits.h). Bad indices are
 refused before the KV cache is written; a model whose head has no single kernel declines with a reason."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pagedcore import LLM, SamplingParams
 from pagedcore.engine.step_input import StepInput
 from pagedcore.models import greedy_decode
 from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logprobs import RawLogitRows
 from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.row_sampling import RowSampling
 from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
@@ -58,18 +60,32 @@ class _Counter:
     """Counts GreedyDecode calls (the path ran) without changing them."""
 
     def __init__(self, monkeypatch):
-        self.calls = 0
+        self.calls = self.edited_calls = self.logprob_calls = 0
         original = greedy_decode.GreedyDecode.__call__
 
-        def counted(decoder, step, kv_cache, sampling=None, edits=None):
+        def counted(decoder, step, kv_cache, sampling=None, edits=None, raw=None):
             self.calls += 1
-            return original(decoder, step, kv_cache, sampling, edits)
+            self.edited_calls += edits is not None
+            self.logprob_calls += raw is not None
+            return original(decoder, step, kv_cache, sampling, edits, raw)
         monkeypatch.setattr(greedy_decode.GreedyDecode, "__call__", counted)
 
 
 def _generate(llm, prompts, params):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs]
+
+
+def _generate_with_logprobs(llm, prompts, params):
+    """(token ids, per position [(token id, logprob, rank), ...] or None) of each prompt's output."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    result = []
+    for o in outs:
+        c = o.outputs[0]
+        positions = None if c.logprobs is None else [
+            [(token_id, lp.logprob, lp.rank) for token_id, lp in entry.items()] for entry in c.logprobs]
+        result.append((c.token_ids, positions))
+    return result
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -96,21 +112,24 @@ def test_the_one_call_step_gives_the_python_paths_tokens(tmp_path, monkeypatch, 
     calls_before = counter.calls
     sampled = _generate(llm, prompts, sampled_params)
     assert counter.calls > calls_before
-    # One request asking for logprobs: the steps it is in take the Python path, the others not; the
-    # seeded rows beside it draw their noise once either way.
-    mixed_params = sampled_params[:4] + [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)]
+    # Requests asking for logprobs (one also penalised and sampled) beside the seeded rows: the one
+    # call copies their raw rows out and the engine computes the logprobs as the Sampler does.
+    mixed_params = sampled_params[:3] + [
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.9, seed=31, logprobs=3, repetition_penalty=1.2, max_tokens=6, ignore_eos=True)]
     calls_before = counter.calls
-    mixed = _generate(llm, prompts, mixed_params)
-    assert counter.calls > calls_before
+    mixed = _generate_with_logprobs(llm, prompts, mixed_params)
+    assert counter.calls > calls_before and counter.logprob_calls > 0
+    assert mixed[3][1] is not None and len(mixed[3][1]) == 4 and mixed[4][1] is not None
     # Rows with logit edits (penalties, logit_bias, min_tokens), greedy and seeded: the one call too.
     calls_before = counter.calls
     edited = _generate(llm, prompts, EDITED_PARAMS)
-    assert counter.calls > calls_before
+    assert counter.calls > calls_before and counter.edited_calls > 0
     monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
     calls_before = counter.calls
     python = _generate(llm, prompts, greedy)
     python_sampled = _generate(llm, prompts, sampled_params)
-    python_mixed = _generate(llm, prompts, mixed_params)
+    python_mixed = _generate_with_logprobs(llm, prompts, mixed_params)
     python_edited = _generate(llm, prompts, EDITED_PARAMS)
     assert counter.calls == calls_before and model.greedy_decoder() is None
     assert fused == python
@@ -237,7 +256,19 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
             assert torch.equal(kv_cache[:, :, 0], before)
     two_row_edits = LogitEdits.from_metadata(dataclasses.replace(md, num_rows=2, repetition_penalty=torch.ones(2)))
     assert decoder.takes(1, 1, kv_cache, None, edits) and not decoder.takes(1, 1, kv_cache, None, two_row_edits)
-    assert decoder(_one_token_step(0, 5, 0), kv_cache, None, edits).shape == (1,)
+    # And raw rows for logprobs: inside the step's rows, an output of the vocabulary's width.
+    bad_raw = RawLogitRows(np.array([1], dtype=np.int64), torch.empty(1, decoder.vocab_size))
+    with pytest.raises(IndexError, match="raw logits row 1"):
+        decoder(_one_token_step(0, 5, 0), kv_cache, None, None, bad_raw)
+    with pytest.raises(ValueError, match="columns"):
+        decoder(_one_token_step(0, 5, 0), kv_cache, None, None,
+                RawLogitRows(np.array([0], dtype=np.int64), torch.empty(1, decoder.vocab_size - 1)))
+    assert torch.equal(kv_cache[:, :, 0], before)
+    assert not decoder.takes(1, 1, kv_cache, None, None,
+                             RawLogitRows(np.array([0], dtype=np.int64), torch.empty(1, decoder.vocab_size - 1)))
+    raw = RawLogitRows.of(None, 1, decoder.vocab_size)
+    assert decoder(_one_token_step(0, 5, 0), kv_cache, None, edits, raw).shape == (1,)
+    assert torch.isfinite(raw.out).all()  # the head's row, copied out
     # A valid step through the same decoder still works (the errors left nothing behind).
     assert decoder(_one_token_step(0, 5, 0), kv_cache).shape == (1,)
     assert decoder(_one_token_step(0, 5, 0), kv_cache, good).shape == (1,)

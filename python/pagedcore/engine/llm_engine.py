@@ -34,8 +34,9 @@ from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
+from pagedcore.sampling.logprobs import RawLogitRows
 from pagedcore.sampling.row_sampling import RowSampling
-from pagedcore.sampling.sampler import Sampler
+from pagedcore.sampling.sampler import Sampler, SamplerOutput, with_logprobs
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
 from pagedcore.spec_decode import draft_setup
 from pagedcore.spec_decode.speculator import Speculator
@@ -267,32 +268,41 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------------------
     def _plain_rows(self, rows) -> bool:
-        """Nothing but each sampled row's token is wanted from this step's logits: no drafts to verify,
-        no beams, no grammar masks, no first samples to fork (n > 1), no logprobs; every row greedy or
-        sampled by temperature / top-k / top-p / min-p, after its penalties, logit bias and min_tokens
+        """Nothing but each sampled row's token (and its logprobs) is wanted from this step's logits: no
+        drafts to verify, no beams, no grammar masks, no first samples to fork (n > 1); every row greedy
+        or sampled by temperature / top-k / top-p / min-p, after its penalties, logit bias and min_tokens
         bans (the one-call step applies those too: sampling/logit_edits.py)."""
         return (self.speculator is None and len(self.beam_search) == 0 and not self.registry.num_constrained
-                and all(s.params.logprobs is None and not s.request.needs_fork for s in rows))
+                and not any(s.request.needs_fork for s in rows))
 
-    def _fused_step(self, step_input, rows) -> np.ndarray | None:
-        """The step's tokens from one C++ call (models/greedy_decode.py) when its rows are plain, or None
-        (nothing run, no noise drawn) for the Python forward and sampler."""
+    def _fused_step(self, step_input, rows) -> tuple[np.ndarray, SamplerOutput | None] | None:
+        """(the step's tokens, their logprobs or None) from one C++ call (models/greedy_decode.py) when
+        its rows are plain, or None (nothing run, no noise drawn) for the Python forward and sampler."""
         if not self._plain_rows(rows):
             return None
         sampled = not all(s.params.temperature == 0 for s in rows)
         if sampled and not cpu_sampler.enabled():
             return None
-        sampling = edits = None
-        if any(has_logit_edits(s.params) for s in rows):
-            if not logit_edits_enabled():
-                return None
-            # The Sampler's own inputs for these rows: the same pairs, and md.rows (None when all greedy).
-            md = self.output_processor.sampling_metadata(rows, self.output_processor.vocab_size, "cpu")
+        edited = any(has_logit_edits(s.params) for s in rows)
+        if edited and not logit_edits_enabled():
+            return None
+        sampling = edits = raw = md = None
+        if edited or any(s.params.logprobs is not None for s in rows):
+            # The Sampler's own inputs for these rows: the same pairs, md.rows (None when all greedy)
+            # and the rows that want logprobs.
+            vocab_size = self.output_processor.vocab_size
+            md = self.output_processor.sampling_metadata(rows, vocab_size, "cpu")
             sampling, edits = md.rows, LogitEdits.from_metadata(md)
+            if md.max_num_logprobs is not None:
+                raw = RawLogitRows.of(md.logprob_rows, len(rows), vocab_size)
         elif sampled:
             sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
                                                self.output_processor.vocab_size)
-        return self.worker.execute_fused_step(step_input, sampling, edits)
+        tokens = self.worker.execute_fused_step(step_input, sampling, edits, raw)
+        if tokens is None or raw is None:
+            return None if tokens is None else (tokens, None)
+        # Logprobs of the raw rows, as the Sampler computes them on its own copy.
+        return tokens, with_logprobs(torch.from_numpy(tokens), raw.out, md)
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for
@@ -327,7 +337,7 @@ class LLMEngine:
         num_samples = len(out.sample_seq_ids)
         beam_step = None
         if fused_tokens is not None:
-            sampled, sampler_output, process_rows = fused_tokens, None, rows
+            (sampled, sampler_output), process_rows = fused_tokens, rows
             t_sampled = time.perf_counter()
             result = self.scheduler.update(sampled, None)
         elif out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)

@@ -13,6 +13,7 @@ from pagedcore.engine.step_input import StepInput
 from pagedcore.ops import attention as kernels
 from pagedcore.layers.attention import AttentionMetadata
 from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logprobs import RawLogitRows
 from pagedcore.sampling.row_sampling import RowSampling
 
 
@@ -69,9 +70,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_fused(self, step: StepInput, sampling: RowSampling | None = None,
-                      edits: LogitEdits | None = None) -> np.ndarray | None:
+                      edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         """The step's tokens (int64 [len(step.logits_indices)]: each row's argmax, or drawn with
-        sampling's inputs; after edits' penalties, bias and bans when given) from one C++ call
+        sampling's inputs; after edits' penalties, bias and bans when given; raw's rows copied out
+        before any edit) from one C++ call
         (models/greedy_decode.py), or None where that path does
         not take the step: nothing has run then (no noise drawn either), and the caller runs execute()
         and samples. The caller has checked that every sampled row is plain (greedy or plainly
@@ -81,10 +83,10 @@ class ModelRunner:
         offer = getattr(self.model, "greedy_decoder", None)
         decoder = offer() if offer is not None else None
         if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache,
-                                                sampling, edits):
+                                                sampling, edits, raw):
             return None
         self.move_blocks(step)
-        return decoder(step, self.kv_cache, sampling, edits)
+        return decoder(step, self.kv_cache, sampling, edits, raw)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:

@@ -17,6 +17,7 @@ from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.model_runner import ModelRunner
 from pagedcore.engine.step_input import StepInput
 from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logprobs import RawLogitRows
 from pagedcore.sampling.row_sampling import RowSampling
 
 
@@ -63,12 +64,12 @@ class Worker(ABC):
         """Block moves, then the forward. Returns fp32 logits [num_logits_rows, vocab] (step.logits_indices)."""
 
     def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None,
-                           edits: LogitEdits | None = None) -> np.ndarray | None:
+                           edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         """For a step whose sampled rows are all plain (the engine checked): block moves, the forward
         and each row's token (argmax; drawn with sampling's inputs when given; after edits' penalties,
-        bias and bans when given) in one go -> int64 [len(step.logits_indices)]; or None, having run
-        nothing and drawn no noise, where the worker has no such path (the engine then calls
-        execute_step and samples)."""
+        bias and bans when given; raw's rows copied into raw.out before any edit) in one go -> int64
+        [len(step.logits_indices)]; or None, having run nothing and drawn no noise, where the worker
+        has no such path (the engine then calls execute_step and samples)."""
         return None
 
     @abstractmethod
@@ -118,8 +119,8 @@ class InProcessWorker(Worker):
         return self.runner.execute(step)
 
     def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None,
-                           edits: LogitEdits | None = None) -> np.ndarray | None:
-        return self.runner.execute_fused(step, sampling, edits)
+                           edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
+        return self.runner.execute_fused(step, sampling, edits, raw)
 
     def memory_report(self) -> MemoryReport:
         model = self.runner.model

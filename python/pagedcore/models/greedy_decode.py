@@ -30,6 +30,7 @@ from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
 from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logprobs import RawLogitRows
 from pagedcore.sampling.row_sampling import RowSampling
 
 
@@ -118,19 +119,23 @@ class GreedyDecode:
         return self._decoder.seconds(True)
 
     def takes(self, num_tokens: int, num_rows: int, kv_cache: torch.Tensor,
-              sampling: RowSampling | None = None, edits: LogitEdits | None = None) -> bool:
+              sampling: RowSampling | None = None, edits: LogitEdits | None = None,
+              raw: RawLogitRows | None = None) -> bool:
         """Whether this step fits (asked before anything runs: block moves, noise)."""
         return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
                 and kv_cache.is_cpu
                 and (sampling is None or (sampling.num_rows == num_rows and sampling.vocab_size == self.vocab_size))
-                and (edits is None or len(edits.repetition_penalty) == num_rows))
+                and (edits is None or len(edits.repetition_penalty) == num_rows)
+                and (raw is None or (tuple(raw.out.shape) == (len(raw.rows), self.vocab_size)
+                                     and len(raw.rows) <= num_rows)))
 
     def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
-                 edits: LogitEdits | None = None) -> np.ndarray:
+                 edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray:
         """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
         2, num_blocks, num_kv_heads, block_size, head_dim], contiguous; sampling: the sampled rows'
         inputs (None: each row's argmax), whose noise is drawn here; edits: the rows' penalties, logit
-        bias and min_tokens bans, applied to the logits first. -> int64 [len(logits_indices)]."""
+        bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
+        raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
         if not kv_cache.is_contiguous() or kv_cache.dim() != 6 or kv_cache.dtype not in CPU_DTYPE_CODES:
             raise ValueError(f"GreedyDecode: the KV cache must be a contiguous 6-D fp32/bf16 CPU tensor, got "
                              f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
@@ -141,11 +146,12 @@ class GreedyDecode:
         args = (stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
+        raw_args = {} if raw is None else {"raw_rows": raw.rows, "raw_out": raw.out.numpy()}
         if sampling is None:
-            return self._decoder.run(*args, edits=edits)
+            return self._decoder.run(*args, edits=edits, **raw_args)
         if sampling.num_rows != len(step.logits_indices) or sampling.vocab_size != self.vocab_size:
             raise ValueError(f"GreedyDecode: sampling inputs for {sampling.num_rows} rows of a {sampling.vocab_size} "
                              f"vocabulary, the step samples {len(step.logits_indices)} rows of {self.vocab_size}")
         return self._decoder.run(*args, temperature=sampling.temperature, top_k=sampling.top_k,
                                  top_p=sampling.top_p, min_p=sampling.min_p, noise=sampling.draw_noise().numpy(),
-                                 edits=edits)
+                                 edits=edits, **raw_args)

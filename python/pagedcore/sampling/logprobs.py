@@ -9,10 +9,28 @@ columns 1..k the top-k tokens, most likely first.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagedcore.outputs import Logprob, PromptLogprobs
+
+
+@dataclass
+class RawLogitRows:
+    """Rows of a step's logits wanted as the model gave them, for their logprobs: the one-call step
+    (models/greedy_decode.py) copies them into `out` before any edit, and the engine then runs
+    gather_logprobs on them as the Sampler does on its own copy (the same values, bit for bit)."""
+
+    rows: np.ndarray  # [L] int64: rows of the step's sampled rows
+    out: torch.Tensor  # [L, V] float32, filled by the call
+
+    @classmethod
+    def of(cls, logprob_rows: torch.Tensor | None, num_rows: int, vocab_size: int) -> RawLogitRows:
+        """SamplingMetadata.logprob_rows (None: every row) -> the rows and an empty output."""
+        rows = np.arange(num_rows, dtype=np.int64) if logprob_rows is None else logprob_rows.numpy().astype(np.int64)
+        return cls(rows, torch.empty(len(rows), vocab_size, dtype=torch.float32))
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int

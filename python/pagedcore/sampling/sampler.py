@@ -74,7 +74,7 @@ class Sampler:
         sampled = self._sample(logits, md)  # [R]
         if raw is None:
             return SamplerOutput(sampled)
-        return _with_logprobs(sampled, raw, md)
+        return with_logprobs(sampled, raw, md)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
@@ -111,8 +111,9 @@ class Sampler:
         ])
 
 
-def _with_logprobs(sampled: torch.Tensor, raw: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-    """raw [L, V]: the untouched logits of the rows that want logprobs (consumed)."""
+def with_logprobs(sampled: torch.Tensor, raw: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+    """raw [L, V]: the untouched logits of the rows that want logprobs (consumed); the one-call step
+    hands its copies here too (sampling/logprobs.py RawLogitRows)."""
     if md.logprob_rows is None:
         ids, values, ranks = gather_logprobs(raw, sampled, md.max_num_logprobs)
         return SamplerOutput(sampled, ids, values, ranks)
