@@ -5,6 +5,7 @@ speed drifts by tens of percent over minutes; alternating within one process mak
 
     python bench/ab_env.py PAGEDCORE_CPU_SAMPLER --pairs 8 --dtype auto --temperature 0.8 --top-p 0.95
     python bench/ab_env.py PAGEDCORE_FUSED_LOGIT_EDITS --pairs 8 --repetition-penalty 1.1 --frequency-penalty 0.3
+    python bench/ab_env.py PAGEDCORE_GREEDY_DECODE --pairs 8 --logprobs 5
 
 Prompts are random token ids (seeded): flat next-token distributions, the worst case for top-p.
 """
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--presence-penalty", type=float, default=0.0)
     parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--logprobs", type=int, default=None, help="top logprobs a token (default: none)")
     args = parser.parse_args()
 
     loaded = load_model(dtype=args.dtype, load_tokenizer=False)
@@ -47,7 +49,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty)
+                            frequency_penalty=args.frequency_penalty, logprobs=args.logprobs)
     prompts = torch.Generator().manual_seed(1)
 
     def tpot_ms(request_id: str) -> float:
@@ -68,7 +70,7 @@ def main() -> None:
             times[value].append(tpot_ms(f"{i}-{value}"))
     ratios = [y / x for x, y in zip(times[a], times[b])]
     print(f"{args.dtype}, {params.temperature=}, {params.top_p=}, {params.top_k=}, {params.min_p=}, "
-          f"{params.repetition_penalty=}, {params.presence_penalty=}, {params.frequency_penalty=}")
+          f"{params.repetition_penalty=}, {params.presence_penalty=}, {params.frequency_penalty=}, {params.logprobs=}")
     for value in (a, b):
         print(f"{args.variable}={value} median TPOT ms: {statistics.median(times[value]):.3f}  "
               f"({' '.join(f'{t:.2f}' for t in times[value])})")

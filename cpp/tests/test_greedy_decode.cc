@@ -246,6 +246,66 @@ TEST(greedy_decoder_samples_as_sample_rows_does) {
   CHECK(cache_a == before);
 }
 
+TEST(greedy_decoder_edits_and_copies_raw_rows_as_the_kernels_do) {
+  TinyModel m;
+  std::vector<float> cache_a = empty_cache(), cache_b = empty_cache();
+  const Step prefill({{0, 3}, {0, 4}}, 6);
+  const std::vector<int64_t> rows = {2, 6};
+  // Row 1's argmax pushed off by a ban and row 0's pulled to token 1 by a bias; penalties on both.
+  std::vector<float> plain = reference_logits(m, prefill, cache_b, rows);
+  cache_b = empty_cache();
+  const std::vector<int64_t> plain_tokens = argmax_of(plain, 2);
+  std::vector<int32_t> bias_rows = {0}, bias_tokens = {1}, ban_rows = {1},
+                       ban_tokens = {static_cast<int32_t>(plain_tokens[1])}, rep_rows = {0, 1}, rep_tokens = {2, 3},
+                       counted_rows = {1}, counted_tokens = {4}, counts = {2};
+  std::vector<float> bias_values = {50.0f}, rep_penalty = {1.3f, 0.8f}, presence = {0.0f, 0.2f}, frequency = {0.0f, 0.1f};
+  LogitEditsParams edits;
+  edits.bias_rows = bias_rows.data();
+  edits.bias_tokens = bias_tokens.data();
+  edits.bias_values = bias_values.data();
+  edits.num_bias = 1;
+  edits.ban_rows = ban_rows.data();
+  edits.ban_tokens = ban_tokens.data();
+  edits.num_bans = 1;
+  edits.repetition_rows = rep_rows.data();
+  edits.repetition_tokens = rep_tokens.data();
+  edits.num_repetition = 2;
+  edits.repetition_penalty = rep_penalty.data();
+  edits.counted_rows = counted_rows.data();
+  edits.counted_tokens = counted_tokens.data();
+  edits.counts = counts.data();
+  edits.num_counted = 1;
+  edits.presence_penalty = presence.data();
+  edits.frequency_penalty = frequency.data();
+  const std::vector<int64_t> raw_rows = {1, 0};
+  std::vector<float> raw(2 * V, -1.0f);
+  std::vector<int64_t> got(2, -1);
+  CHECK(m.decoder
+            .run(m.stack, prefill.params(cache_a), prefill.input_ids.data(), prefill.positions.data(), rows.data(), 2,
+                 got.data(), nullptr, &edits, raw_rows.data(), 2, raw.data())
+            .is_ok());
+  std::vector<float> logits = reference_logits(m, prefill, cache_b, rows);
+  CHECK(std::equal(raw.begin(), raw.begin() + V, logits.begin() + V));  // raw row 0 = logits row 1, unedited
+  CHECK(std::equal(raw.begin() + V, raw.end(), logits.begin()));
+  CHECK(apply_logit_edits(edits, logits.data(), 2, V, V).is_ok());
+  CHECK(got == argmax_of(logits, 2));
+  CHECK(got[0] == 1 && got[1] != plain_tokens[1]);
+  CHECK(cache_a == cache_b);
+  // A raw row past the step's rows and an edit past the vocabulary: refused before the cache is written.
+  const std::vector<float> before = cache_a;
+  const std::vector<int64_t> bad_raw = {1}, one_row = {0};
+  const Step next({{7, 1}}, 2);
+  Status st = m.decoder.run(m.stack, next.params(cache_a), next.input_ids.data(), next.positions.data(), one_row.data(),
+                            1, got.data(), nullptr, nullptr, bad_raw.data(), 1, raw.data());
+  CHECK(!st.is_ok() && st.message.find("raw logits row 1") != std::string::npos);
+  bias_tokens[0] = V;
+  edits.num_bans = edits.num_repetition = edits.num_counted = 0;  // (their rows would be past this step's one)
+  st = m.decoder.run(m.stack, next.params(cache_a), next.input_ids.data(), next.positions.data(), one_row.data(), 1,
+                     got.data(), nullptr, &edits);
+  CHECK(!st.is_ok() && st.message.find("vocabulary") != std::string::npos);
+  CHECK(cache_a == before);
+}
+
 TEST(greedy_decoder_refuses_bad_indices_before_writing_the_cache) {
   TinyModel m;
   std::vector<float> cache = empty_cache();
