@@ -266,7 +266,7 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
     assert torch.equal(kv_cache[:, :, 0], before)
     assert not decoder.takes(1, 1, kv_cache, None, None,
                              RawLogitRows(np.array([0], dtype=np.int64), torch.empty(1, decoder.vocab_size - 1)))
-    raw = RawLogitRows.of(None, 1, decoder.vocab_size)
+    raw = RawLogitRows.of([0], decoder.vocab_size)
     assert decoder(_one_token_step(0, 5, 0), kv_cache, None, edits, raw).shape == (1,)
     assert torch.isfinite(raw.out).all()  # the head's row, copied out
     # A valid step through the same decoder still works (the errors left nothing behind).

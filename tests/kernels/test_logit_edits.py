@@ -84,13 +84,17 @@ def test_edits_equal_the_torch_stages_bit_for_bit(step):
     expected = logits.clone()
     torch_stages(expected, md)
     edits = LogitEdits.from_metadata(md)
+    direct = LogitEdits.from_requests(params, vocab_size=vocab, eos_token_ids=EOS, prompt_token_ids=prompts,
+                                      output_token_ids=outputs, num_output_tokens=[len(o) for o in outputs])
     if edits is None:
         assert md.logit_bias is None and md.banned is None and md.repetition is None and md.output_tokens is None
+        assert direct is None
         return
-    got = logits.clone()
-    edits.apply(got)
-    assert torch.equal(got.isnan(), expected.isnan())
-    assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(expected, nan=7.0))
+    for built in (edits, direct):  # from the Sampler's tensors, and straight from the requests (the engine's)
+        got = logits.clone()
+        built.apply(got)
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(expected, nan=7.0))
 
 
 def test_repeated_output_tokens_count_once_each_occurrence():
@@ -152,3 +156,6 @@ def test_wrong_dtypes_and_layouts_are_refused():
         _edits().apply(torch.randn(10, 4).t())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         LogitEdits.from_metadata(_metadata(10, [SamplingParams(repetition_penalty=1.2)], [[1, 12]], [[3]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        LogitEdits.from_requests([SamplingParams(frequency_penalty=0.2)], vocab_size=10, eos_token_ids=EOS,
+                                 prompt_token_ids=[[1]], output_token_ids=[[3, -1]], num_output_tokens=[2])

@@ -286,23 +286,22 @@ class LLMEngine:
         edited = any(has_logit_edits(s.params) for s in rows)
         if edited and not logit_edits_enabled():
             return None
-        sampling = edits = raw = md = None
-        if edited or any(s.params.logprobs is not None for s in rows):
-            # The Sampler's own inputs for these rows: the same pairs, md.rows (None when all greedy)
-            # and the rows that want logprobs.
-            vocab_size = self.output_processor.vocab_size
-            md = self.output_processor.sampling_metadata(rows, vocab_size, "cpu")
-            sampling, edits = md.rows, LogitEdits.from_metadata(md)
-            if md.max_num_logprobs is not None:
-                raw = RawLogitRows.of(md.logprob_rows, len(rows), vocab_size)
-        elif sampled:
-            sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
-                                               self.output_processor.vocab_size)
+        vocab_size = self.output_processor.vocab_size
+        sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
+                                           vocab_size) if sampled else None
+        edits = LogitEdits.from_requests(
+            [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=self.output_processor.eos_token_ids,
+            prompt_token_ids=[s.request.prompt_token_ids for s in rows],
+            output_token_ids=[s.output_token_ids for s in rows],
+            num_output_tokens=[len(s.output_token_ids) for s in rows]) if edited else None
+        wanted = [i for i, s in enumerate(rows) if s.params.logprobs is not None]
+        raw = RawLogitRows.of(wanted, vocab_size) if wanted else None
         tokens = self.worker.execute_fused_step(step_input, sampling, edits, raw)
         if tokens is None or raw is None:
             return None if tokens is None else (tokens, None)
         # Logprobs of the raw rows, as the Sampler computes them on its own copy.
-        return tokens, with_logprobs(torch.from_numpy(tokens), raw.out, md)
+        return tokens, with_logprobs(torch.from_numpy(tokens), raw.out, max(rows[i].params.logprobs for i in wanted),
+                                     None if len(wanted) == len(rows) else torch.from_numpy(raw.rows))
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for

@@ -27,9 +27,9 @@ class RawLogitRows:
     out: torch.Tensor  # [L, V] float32, filled by the call
 
     @classmethod
-    def of(cls, logprob_rows: torch.Tensor | None, num_rows: int, vocab_size: int) -> RawLogitRows:
-        """SamplingMetadata.logprob_rows (None: every row) -> the rows and an empty output."""
-        rows = np.arange(num_rows, dtype=np.int64) if logprob_rows is None else logprob_rows.numpy().astype(np.int64)
+    def of(cls, rows: Sequence[int], vocab_size: int) -> RawLogitRows:
+        """The rows that want logprobs -> them and an empty output."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         return cls(rows, torch.empty(len(rows), vocab_size, dtype=torch.float32))
 
 

@@ -182,7 +182,9 @@ def _check_token(token_id: int, vocab_size: int, what: str):
         raise ValueError(f"{what} holds token id {token_id}, outside the vocabulary [0, {vocab_size})")
 
 
-def _logit_bias_pairs(params, vocab_size, device) -> TokenPairs | None:
+def logit_bias_lists(params, vocab_size) -> tuple[list[int], list[int], list[float]]:
+    """(rows, token ids, biases) of every row's logit_bias (checked against the vocabulary): the
+    Sampler's pairs (_logit_bias_pairs) and the one-call step's (logit_edits.py)."""
     rows, tokens, values = [], [], []
     for i, p in enumerate(params):
         if p.logit_bias:
@@ -191,13 +193,13 @@ def _logit_bias_pairs(params, vocab_size, device) -> TokenPairs | None:
                 rows.append(i)
                 tokens.append(token_id)
                 values.append(bias)
-    if not rows:
-        return None
-    return TokenPairs(torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
-                      torch.tensor(values, dtype=torch.float32, device=device))
+    return rows, tokens, values
 
 
-def _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device):
+def min_tokens_ban_lists(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size
+                         ) -> tuple[list[int], list[int]]:
+    """(rows, token ids) held back this step: the EOS and stop ids of rows still short of min_tokens
+    (checked against the vocabulary). Shared as logit_bias_lists is."""
     rows, tokens = [], []
     for i, p in enumerate(params):
         if p.min_tokens == 0:
@@ -216,6 +218,19 @@ def _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens,
             _check_token(token_id, vocab_size, "stop_token_ids / eos_token_ids")
             rows.append(i)
             tokens.append(token_id)
+    return rows, tokens
+
+
+def _logit_bias_pairs(params, vocab_size, device) -> TokenPairs | None:
+    rows, tokens, values = logit_bias_lists(params, vocab_size)
+    if not rows:
+        return None
+    return TokenPairs(torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
+                      torch.tensor(values, dtype=torch.float32, device=device))
+
+
+def _min_tokens_bans(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size, device):
+    rows, tokens = min_tokens_ban_lists(params, eos_token_ids, output_token_ids, num_output_tokens, vocab_size)
     if not rows:
         return None
     return TokenPairs(torch.tensor(rows, device=device), torch.tensor(tokens, device=device))

@@ -74,7 +74,7 @@ class Sampler:
         sampled = self._sample(logits, md)  # [R]
         if raw is None:
             return SamplerOutput(sampled)
-        return with_logprobs(sampled, raw, md)
+        return with_logprobs(sampled, raw, md.max_num_logprobs, md.logprob_rows)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
@@ -111,21 +111,24 @@ class Sampler:
         ])
 
 
-def with_logprobs(sampled: torch.Tensor, raw: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-    """raw [L, V]: the untouched logits of the rows that want logprobs (consumed); the one-call step
-    hands its copies here too (sampling/logprobs.py RawLogitRows)."""
-    if md.logprob_rows is None:
-        ids, values, ranks = gather_logprobs(raw, sampled, md.max_num_logprobs)
+def with_logprobs(sampled: torch.Tensor, raw: torch.Tensor, max_num_logprobs: int,
+                  logprob_rows: torch.Tensor | None) -> SamplerOutput:
+    """sampled [R]; raw [L, V]: the untouched logits of the rows that want logprobs (consumed), rows
+    logprob_rows [L] (None: all R); the one-call step hands its copies here too (sampling/logprobs.py
+    RawLogitRows)."""
+    if logprob_rows is None:
+        ids, values, ranks = gather_logprobs(raw, sampled, max_num_logprobs)
         return SamplerOutput(sampled, ids, values, ranks)
-    rows = md.logprob_rows  # [L]
-    sub_ids, sub_values, sub_ranks = gather_logprobs(raw, sampled[rows], md.max_num_logprobs)
-    width = md.max_num_logprobs + 1
-    ids = torch.zeros(md.num_rows, width, dtype=torch.long, device=sampled.device)  # [R, K + 1]
+    rows = logprob_rows  # [L]
+    num_rows = sampled.shape[0]
+    sub_ids, sub_values, sub_ranks = gather_logprobs(raw, sampled[rows], max_num_logprobs)
+    width = max_num_logprobs + 1
+    ids = torch.zeros(num_rows, width, dtype=torch.long, device=sampled.device)  # [R, K + 1]
     ids[:, 0] = sampled
     ids[rows] = sub_ids
-    values = torch.full((md.num_rows, width), float("nan"), device=sampled.device)  # [R, K + 1]
+    values = torch.full((num_rows, width), float("nan"), device=sampled.device)  # [R, K + 1]
     values[rows] = sub_values
-    ranks = torch.zeros(md.num_rows, dtype=torch.long, device=sampled.device)  # [R]
+    ranks = torch.zeros(num_rows, dtype=torch.long, device=sampled.device)  # [R]
     ranks[rows] = sub_ranks
     return SamplerOutput(sampled, ids, values, ranks)
 
