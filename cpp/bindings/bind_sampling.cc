@@ -6,6 +6,7 @@
 
 #include "bindings/bind_common.h"
 #include "bindings/logit_edits_arg.h"
+#include "kernels/logprobs_rows.h"
 #include "kernels/sample_rows.h"
 
 namespace pagedcore {
@@ -57,6 +58,30 @@ void bind_sampling(py::module_& m) {
       py::arg("logits"), py::arg("edits"),
       "logits [rows, vocab] float32 numpy (C order), edited in place by a pagedcore.sampling.logit_edits.LogitEdits "
       "(logit_bias, min_tokens bans, repetition, presence and frequency penalties; cpp/kernels/logit_edits.h).");
+  m.def(
+      "logprobs_rows_cpu",
+      [](uintptr_t logits, int64_t num_rows, int64_t vocab, int64_t row_stride, uintptr_t token_ids, int64_t num_top,
+         uintptr_t out_ids, uintptr_t out_logprobs, uintptr_t out_ranks) {
+        kernels::LogprobsRowsParams p;
+        p.logits = ptr<float>(logits);
+        p.num_rows = num_rows;
+        p.vocab = vocab;
+        p.row_stride = row_stride;
+        p.token_ids = ptr<const int64_t>(token_ids);
+        p.num_top = num_top;
+        p.out_ids = ptr<int64_t>(out_ids);
+        p.out_logprobs = ptr<float>(out_logprobs);
+        p.out_ranks = ptr<int64_t>(out_ranks);
+        kernels::Status status;
+        {
+          py::gil_scoped_release release;
+          status = kernels::logprobs_rows(p);
+        }
+        raise_if_error(status);
+      },
+      py::arg("logits"), py::arg("num_rows"), py::arg("vocab"), py::arg("row_stride"), py::arg("token_ids"),
+      py::arg("num_top"), py::arg("out_ids"), py::arg("out_logprobs"), py::arg("out_ranks"),
+      "Raw-pointer entry of pagedcore.sampling.logprobs.gather_logprobs for CPU logits (call that instead).");
   m.def("sample_noise_width", &kernels::sample_noise_width, py::arg("vocab"),
         "Exponential(1) draws sample_rows reads a row: ceil(vocab / 256) blocks, then 256 for inside one.");
 }

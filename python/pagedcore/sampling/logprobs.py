@@ -8,12 +8,14 @@ columns 1..k the top-k tokens, most likely first.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from pagedcore import _core
 from pagedcore.outputs import Logprob, PromptLogprobs
 
 
@@ -33,14 +35,34 @@ class RawLogitRows:
         return cls(rows, torch.empty(len(rows), vocab_size, dtype=torch.float32))
 
 
+def cpu_enabled() -> bool:
+    """PAGEDCORE_CPU_LOGPROBS=0: CPU logits take the torch ops too (A/B runs)."""
+    return os.environ.get("PAGEDCORE_CPU_LOGPROBS", "1") != "0"
+
+
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Raw logits [R, V] float32 (a private copy: consumed in place), token_ids [R] int64 ->
     ids [R, num_top + 1] int64, logprobs [R, num_top + 1] float32, ranks [R] int64 (1-based; a
-    token's rank counts every token at least as likely, itself included).
+    token's rank counts every token at least as likely, itself included; top-k ties by the lower id).
 
-    Works on the logits rather than a log_softmax: ranks and top-k are the same on either, and the
-    normaliser then costs one in-place pass instead of a fresh [R, V] tensor."""
+    CPU logits: one C++ call (cpp/kernels/logprobs_rows.h, ~10x faster a row than the torch ops
+    below, which serve other devices). Either works on the logits rather than a log_softmax: ranks and
+    top-k are the same on either, and the normaliser then costs one in-place pass."""
+    if (logits.is_cpu and logits.dtype == torch.float32 and logits.dim() == 2 and logits.stride(1) == 1
+            and cpu_enabled() and logits.shape[0] > 0):
+        num_rows, vocab = logits.shape
+        if not 0 <= num_top <= vocab:
+            raise ValueError(f"gather_logprobs: {num_top} top logprobs of a {vocab}-token vocabulary")
+        token_ids = token_ids.to(torch.long).contiguous()  # [R]
+        if token_ids.shape != (num_rows,):
+            raise ValueError(f"gather_logprobs: {tuple(token_ids.shape)} token ids for {num_rows} rows")
+        ids = torch.empty(num_rows, num_top + 1, dtype=torch.long)  # [R, K + 1]
+        values = torch.empty(num_rows, num_top + 1, dtype=torch.float32)  # [R, K + 1]
+        ranks = torch.empty(num_rows, dtype=torch.long)  # [R]
+        _core.logprobs_rows_cpu(logits.data_ptr(), num_rows, vocab, logits.stride(0), token_ids.data_ptr(), num_top,
+                                ids.data_ptr(), values.data_ptr(), ranks.data_ptr())
+        return ids, values, ranks
     chosen = logits.gather(1, token_ids.unsqueeze(1))  # [R, 1]
     ranks = torch.count_nonzero(logits >= chosen, dim=-1)  # [R]
     if num_top:
