@@ -17,23 +17,10 @@ from hypothesis import strategies as st
 from pagedcore import _core
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.metadata import SamplingMetadata
-from pagedcore.sampling.penalties import (apply_bans, apply_logit_bias, apply_presence_frequency,
-                                          apply_repetition_penalty)
+from pagedcore.sampling.penalties import apply_edits
 from pagedcore.sampling_params import SamplingParams
 
 EOS = [0, 1]
-
-
-def torch_stages(logits: torch.Tensor, md: SamplingMetadata) -> None:
-    """The Sampler's edits, in its order (sampler.py)."""
-    if md.logit_bias is not None:
-        apply_logit_bias(logits, md.logit_bias)
-    if md.banned is not None:
-        apply_bans(logits, md.banned)
-    if md.repetition is not None:
-        apply_repetition_penalty(logits, md.repetition, md.repetition_penalty)
-    if md.output_tokens is not None:
-        apply_presence_frequency(logits, md.output_tokens, md.presence_penalty, md.frequency_penalty)
 
 
 @st.composite
@@ -82,7 +69,7 @@ def test_edits_equal_the_torch_stages_bit_for_bit(step):
     logits[0, g.seed() % vocab] = float("-inf")
     logits[-1, (g.seed() + 1) % vocab] = float("nan")
     expected = logits.clone()
-    torch_stages(expected, md)
+    apply_edits(expected, md)  # the Sampler's torch stages
     edits = LogitEdits.from_metadata(md)
     direct = LogitEdits.from_requests(params, vocab_size=vocab, eos_token_ids=EOS, prompt_token_ids=prompts,
                                       output_token_ids=outputs, num_output_tokens=[len(o) for o in outputs])

@@ -7,8 +7,7 @@ import torch
 
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling.metadata import SamplingMetadata
-from pagedcore.sampling.penalties import (apply_bans, apply_logit_bias, apply_presence_frequency,
-                                          apply_repetition_penalty)
+from pagedcore.sampling.penalties import apply_edits
 from pagedcore.sampling_params import SamplingParams
 
 from .naive import process_row
@@ -43,14 +42,7 @@ def random_rows(rnd: random.Random, num_rows: int):
 def edit(logits, md):
     """The sampler's edit stages only, in its order."""
     logits = logits.clone()
-    if md.logit_bias is not None:
-        apply_logit_bias(logits, md.logit_bias)
-    if md.banned is not None:
-        apply_bans(logits, md.banned)
-    if md.repetition is not None:
-        apply_repetition_penalty(logits, md.repetition, md.repetition_penalty)
-    if md.output_tokens is not None:
-        apply_presence_frequency(logits, md.output_tokens, md.presence_penalty, md.frequency_penalty)
+    apply_edits(logits, md)
     return logits
 
 

@@ -7,7 +7,21 @@ from __future__ import annotations
 
 import torch
 
-from pagedcore.sampling.metadata import TokenPairs
+from pagedcore.sampling.metadata import SamplingMetadata, TokenPairs
+
+
+def apply_edits(logits: torch.Tensor, md: SamplingMetadata) -> None:
+    """Every stage md's rows need, in the Sampler's order: logit_bias, min_tokens bans, repetition
+    penalty, presence / frequency penalties (the one-call step applies the same, in C++:
+    sampling/logit_edits.py)."""
+    if md.logit_bias is not None:
+        apply_logit_bias(logits, md.logit_bias)
+    if md.banned is not None:
+        apply_bans(logits, md.banned)
+    if md.repetition is not None:
+        apply_repetition_penalty(logits, md.repetition, md.repetition_penalty)
+    if md.output_tokens is not None:
+        apply_presence_frequency(logits, md.output_tokens, md.presence_penalty, md.frequency_penalty)
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: TokenPairs) -> None:

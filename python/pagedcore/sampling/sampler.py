@@ -23,8 +23,7 @@ from pagedcore.ops.argmax import argmax_rows_tensor
 from pagedcore.sampling.logprobs import gather_logprobs
 from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.noise import block_race
-from pagedcore.sampling.penalties import (apply_bans, apply_logit_bias, apply_presence_frequency,
-                                          apply_repetition_penalty)
+from pagedcore.sampling.penalties import apply_edits
 from pagedcore.sampling.truncation import CANDIDATE_WIDTHS, sample_truncated, to_weights_
 from pagedcore.sampling.workspace import RowBuffers
 
@@ -62,15 +61,7 @@ class Sampler:
         if md.max_num_logprobs is not None:
             raw = self.buffers.rows_of("raw", logits, md.logprob_rows)  # [L, V]
 
-        if md.logit_bias is not None:
-            apply_logit_bias(logits, md.logit_bias)
-        if md.banned is not None:
-            apply_bans(logits, md.banned)
-        if md.repetition is not None:
-            apply_repetition_penalty(logits, md.repetition, md.repetition_penalty)
-        if md.output_tokens is not None:
-            apply_presence_frequency(logits, md.output_tokens, md.presence_penalty, md.frequency_penalty)
-
+        apply_edits(logits, md)
         sampled = self._sample(logits, md)  # [R]
         if raw is None:
             return SamplerOutput(sampled)
