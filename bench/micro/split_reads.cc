@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     double busy[2] = {0, 0}, wall = 0, finish_gap = 0;
     int first_task_thread0 = 0;
     for (auto& w : ws) {
-      double t_start = now(), done[2] = {0, 0};
+      double t_start = now(), done[2] = {t_start, t_start};  // a thread that took no task finished at the start
       if (!two_ended) {
       parallel_for(2, [&](int task, int thread) {
         double a = now();
