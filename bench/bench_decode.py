@@ -49,6 +49,9 @@ import time
 
 import torch
 
+# (bench/ is the script's directory, so on sys.path)
+from decode_engine import engine_against_floor, engine_against_same_bytes, engine_single_stream
+
 # -- the floor ------------------------------------------------------------------------------------
 
 
@@ -254,119 +257,6 @@ def breakdown(batch: DecodeBatch, steps: int, plain_step: float) -> dict:
     result["_timed_step"] = total
     return result
 
-# -- engine single-stream -------------------------------------------------------------------------
-
-
-def _engine(loaded):
-    from pagedcore.config import EngineConfig
-    from pagedcore.engine.llm_engine import LLMEngine
-
-    return LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
-                     loaded=loaded)
-
-
-def _one_request(engine, loaded, g, request_id: str, prompt_len: int, output_len: int):
-    """One greedy request of a random prompt run to output_len tokens -> (seconds of each decode step
-    after the prefill step, each step's engine.last_step_timing)."""
-    from pagedcore.sampling_params import SamplingParams
-
-    prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    engine.add_request(request_id, prompt_token_ids=prompt, params=params, output_kind="delta")
-    times, phases = [], []
-    while engine.has_unfinished_requests():
-        engine.step()
-        times.append(time.perf_counter())
-        phases.append(dict(engine.last_step_timing))
-    return [b - a for a, b in zip(times, times[1:])], phases
-
-
-def engine_single_stream(loaded, prompt_len: int, output_len: int, repeats: int) -> dict:
-    engine = _engine(loaded)
-    g = torch.Generator().manual_seed(1)
-    best = None
-    for r in range(repeats + 1):  # the first run warms up
-        decode, phases = _one_request(engine, loaded, g, f"r{r}", prompt_len, output_len)
-        if r == 0:
-            continue
-        tpot = statistics.median(decode)
-        split = {k: statistics.median(p[k] for p in phases[1:]) for k in phases[1] if isinstance(phases[1][k], float)}
-        if best is None or tpot < best["tpot"]:
-            best = {"tpot": tpot, "tok_per_s": 1 / tpot, "mean_tok_per_s": len(decode) / sum(decode), "split": split}
-    return best
-
-def engine_against_floor(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
-    """Rounds of (the copy-bandwidth probe of `pagedcore bench roofline`, then one request of
-    output_len greedy tokens through LLMEngine): each round's tok/s over the floor measured seconds
-    before it. On a VM whose bandwidth drifts with its neighbours (the Zen 4 machine, 2026-12-03: copy
-    probes of 27-49 GB/s seconds apart) a floor probed minutes apart from the run it divides misstates
-    the ratio."""
-    from pagedcore.benchmarks.machine import measure_bandwidth
-
-    engine = _engine(loaded)
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for r in range(rounds + 1):  # the first run warms up
-        copy_gbps = measure_bandwidth(min_time=0.3)["copy_gbps"]
-        decode, _ = _one_request(engine, loaded, g, f"f{r}", prompt_len, output_len)
-        if r == 0:
-            continue
-        tok_per_s = 1 / statistics.median(decode)
-        floor = copy_gbps * 1e9 / weight_bytes
-        out.append({"copy_gbps": copy_gbps, "floor_tok_per_s": floor, "tok_per_s": tok_per_s,
-                    "of_floor": tok_per_s / floor})
-    return {"rounds": out, "median_of_floor": statistics.median(x["of_floor"] for x in out)}
-
-
-def engine_against_same_bytes(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
-    """Each decode step of `rounds` requests, followed at once by one read of as many bytes as the
-    token's weights (a buffer of that size, streamed by _core.linear_read_probe on the kernels'
-    threads): the floor measured within milliseconds of the token it divides, step by step. The copy
-    probe of engine_against_floor is a 512 MB torch copy seconds apart from the run; on the Zen 4 VM
-    (2026-12-03) the machine's bandwidth moved by tens of percent between such probes, so only a ratio
-    taken step by step means anything there. Also splits each token into the C++ call (the one-call
-    step's own timer) and the rest (Python: scheduling, inputs, outputs)."""
-    from pagedcore import _core
-
-    engine = _engine(loaded)
-    probe = torch.ones(weight_bytes // 4)  # fp32 ones: no denormals in the read loop's sums
-    model = loaded.model
-    offer = getattr(model, "greedy_decoder", None)
-    g = torch.Generator().manual_seed(1)
-    steps = []
-    for r in range(rounds + 1):  # the first request warms up
-        prompt = torch.randint(100, loaded.config.vocab_size, (prompt_len,), generator=g).tolist()
-        params = _greedy_params(output_len)
-        engine.add_request(f"s{r}", prompt_token_ids=prompt, params=params, output_kind="delta")
-        engine.step()  # the prefill
-        decoder = offer() if offer is not None else None
-        if decoder is not None:
-            decoder.set_timing(True)
-            decoder.take_seconds()
-        while engine.has_unfinished_requests():
-            t0 = time.perf_counter()
-            engine.step()
-            token = time.perf_counter() - t0
-            in_call = sum(decoder.take_seconds()) if decoder is not None else float("nan")
-            t1 = time.perf_counter()
-            _core.linear_read_probe(probe.data_ptr(), probe.nbytes, 0)
-            read = time.perf_counter() - t1
-            if r > 0:
-                steps.append((token, read, in_call))
-        if decoder is not None:
-            decoder.set_timing(False)
-    med = statistics.median
-    return {"steps": len(steps), "token_ms": med(s[0] for s in steps) * 1e3,
-            "read_ms": med(s[1] for s in steps) * 1e3, "read_gbps": weight_bytes / med(s[1] for s in steps) / 1e9,
-            "of_floor": med(s[1] / s[0] for s in steps), "call_of_floor": med(s[1] / s[2] for s in steps),
-            "outside_call_ms": med(s[0] - s[2] for s in steps) * 1e3}
-
-
-def _greedy_params(output_len: int):
-    from pagedcore.sampling_params import SamplingParams
-
-    return SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-
 
 # -- main -----------------------------------------------------------------------------------------
 
@@ -417,7 +307,8 @@ def main(argv=None) -> int:
         if args.same_bytes_floor:
             res = engine_against_same_bytes(loaded, wb["total"], args.same_bytes_floor, 64, args.output_len)
             entry["same_bytes_floor"] = res
-            print(f"{res['steps']} steps: token {res['token_ms']:.2f} ms, the same bytes read in {res['read_ms']:.2f} ms "
+            print(f"{res['steps']} steps: token {res['token_ms']:.2f} ms, the same bytes read in "
+                  f"{res['read_ms']:.2f} ms "
                   f"({res['read_gbps']:.1f} GB/s): median per step {100 * res['of_floor']:.0f}% of the floor; the C++ "
                   f"call alone {100 * res['call_of_floor']:.0f}%, {res['outside_call_ms']:.2f} ms a token outside it",
                   flush=True)

@@ -258,7 +258,8 @@ TEST(greedy_decoder_edits_and_copies_raw_rows_as_the_kernels_do) {
   std::vector<int32_t> bias_rows = {0}, bias_tokens = {1}, ban_rows = {1},
                        ban_tokens = {static_cast<int32_t>(plain_tokens[1])}, rep_rows = {0, 1}, rep_tokens = {2, 3},
                        counted_rows = {1}, counted_tokens = {4}, counts = {2};
-  std::vector<float> bias_values = {50.0f}, rep_penalty = {1.3f, 0.8f}, presence = {0.0f, 0.2f}, frequency = {0.0f, 0.1f};
+  std::vector<float> bias_values = {50.0f}, rep_penalty = {1.3f, 0.8f}, presence = {0.0f, 0.2f},
+                     frequency = {0.0f, 0.1f};
   LogitEditsParams edits;
   edits.bias_rows = bias_rows.data();
   edits.bias_tokens = bias_tokens.data();
