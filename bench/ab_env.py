@@ -6,6 +6,8 @@ speed drifts by tens of percent over minutes; alternating within one process mak
     python bench/ab_env.py PAGEDCORE_CPU_SAMPLER --pairs 8 --dtype auto --temperature 0.8 --top-p 0.95
     python bench/ab_env.py PAGEDCORE_FUSED_LOGIT_EDITS --pairs 8 --repetition-penalty 1.1 --frequency-penalty 0.3
     python bench/ab_env.py PAGEDCORE_GREEDY_DECODE --pairs 8 --logprobs 5
+    python bench/ab_env.py PAGEDCORE_CPU_LOGPROBS --pairs 4 --prompt-len 512 --tokens 1 --prompt-logprobs 5 \
+        --whole-request
 
 Prompts are random token ids (seeded): flat next-token distributions, the worst case for top-p.
 """
@@ -41,6 +43,9 @@ def main() -> None:
     parser.add_argument("--presence-penalty", type=float, default=0.0)
     parser.add_argument("--frequency-penalty", type=float, default=0.0)
     parser.add_argument("--logprobs", type=int, default=None, help="top logprobs a token (default: none)")
+    parser.add_argument("--prompt-logprobs", type=int, default=None, help="top logprobs a prompt position")
+    parser.add_argument("--whole-request", action="store_true",
+                        help="time each whole request (prefill included) instead of its median TPOT")
     args = parser.parse_args()
 
     loaded = load_model(dtype=args.dtype, load_tokenizer=False)
@@ -49,17 +54,20 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty, logprobs=args.logprobs)
+                            frequency_penalty=args.frequency_penalty, logprobs=args.logprobs,
+                            prompt_logprobs=args.prompt_logprobs)
     prompts = torch.Generator().manual_seed(1)
 
     def tpot_ms(request_id: str) -> float:
         prompt = torch.randint(100, loaded.config.vocab_size, (args.prompt_len,), generator=prompts).tolist()
         engine.add_request(request_id, prompt_token_ids=prompt, params=params, output_kind="delta")
-        stamps = []
+        stamps = [time.perf_counter()]
         while engine.has_unfinished_requests():
             engine.step()
             stamps.append(time.perf_counter())
-        return statistics.median(b - a for a, b in zip(stamps, stamps[1:])) * 1e3
+        if args.whole_request:
+            return (stamps[-1] - stamps[0]) * 1e3
+        return statistics.median(b - a for a, b in zip(stamps[1:], stamps[2:])) * 1e3
 
     tpot_ms("warm-up")
     a, b = args.values
@@ -70,9 +78,11 @@ def main() -> None:
             times[value].append(tpot_ms(f"{i}-{value}"))
     ratios = [y / x for x, y in zip(times[a], times[b])]
     print(f"{args.dtype}, {params.temperature=}, {params.top_p=}, {params.top_k=}, {params.min_p=}, "
-          f"{params.repetition_penalty=}, {params.presence_penalty=}, {params.frequency_penalty=}, {params.logprobs=}")
+          f"{params.repetition_penalty=}, {params.presence_penalty=}, {params.frequency_penalty=}, {params.logprobs=}, "
+          f"{params.prompt_logprobs=}")
     for value in (a, b):
-        print(f"{args.variable}={value} median TPOT ms: {statistics.median(times[value]):.3f}  "
+        what = "request" if args.whole_request else "TPOT"
+        print(f"{args.variable}={value} median {what} ms: {statistics.median(times[value]):.3f}  "
               f"({' '.join(f'{t:.2f}' for t in times[value])})")
     print(f"pairwise ratio {b}/{a}: median {statistics.median(ratios):.3f}  ({' '.join(f'{r:.3f}' for r in ratios)})")
 

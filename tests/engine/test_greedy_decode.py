@@ -21,7 +21,6 @@ from pagedcore.engine.step_input import StepInput
 from pagedcore.models import greedy_decode
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logprobs import RawLogitRows
-from pagedcore.sampling.metadata import SamplingMetadata
 from pagedcore.sampling.row_sampling import RowSampling
 from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
 from tests.models import tiny_models
@@ -242,10 +241,13 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
                                                                            None, decoder.vocab_size))
     assert torch.equal(kv_cache[:, :, 0], before)
     # So are logit edits (greedy and sampled steps alike).
-    md = SamplingMetadata.from_requests([SamplingParams(repetition_penalty=1.3, logit_bias={3: 2.0})],
-                                        vocab_size=decoder.vocab_size, prompt_token_ids=[[1, 2]],
-                                        output_token_ids=[[4]])
-    edits = LogitEdits.from_metadata(md)
+    penalised = SamplingParams(repetition_penalty=1.3, logit_bias={3: 2.0})
+
+    def edits_of(num_rows):
+        return LogitEdits.from_requests([penalised] * num_rows, vocab_size=decoder.vocab_size, eos_token_ids=(),
+                                        prompt_token_ids=[[1, 2]] * num_rows, output_token_ids=[[4]] * num_rows,
+                                        num_output_tokens=[1] * num_rows)
+    edits = edits_of(1)
     for bad, words in [(dataclasses.replace(edits, bias_tokens=np.array([decoder.vocab_size], dtype=np.int32)),
                         "vocabulary"),
                        (dataclasses.replace(edits, repetition_penalty=np.array([-1.0], dtype=np.float32)),
@@ -254,7 +256,7 @@ def test_bad_indices_are_refused_before_the_cache_is_written(tiny_llama):
             with pytest.raises((ValueError, IndexError), match=words):
                 decoder(_one_token_step(0, 5, 0), kv_cache, sampling, bad)
             assert torch.equal(kv_cache[:, :, 0], before)
-    two_row_edits = LogitEdits.from_metadata(dataclasses.replace(md, num_rows=2, repetition_penalty=torch.ones(2)))
+    two_row_edits = edits_of(2)
     assert decoder.takes(1, 1, kv_cache, None, edits) and not decoder.takes(1, 1, kv_cache, None, two_row_edits)
     # And raw rows for logprobs: inside the step's rows, an output of the vocabulary's width.
     bad_raw = RawLogitRows(np.array([1], dtype=np.int64), torch.empty(1, decoder.vocab_size))

@@ -73,11 +73,10 @@ class ModelRunner:
                       edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         """The step's tokens (int64 [len(step.logits_indices)]: each row's argmax, or drawn with
         sampling's inputs; after edits' penalties, bias and bans when given; raw's rows copied out
-        before any edit) from one C++ call
-        (models/greedy_decode.py), or None where that path does
-        not take the step: nothing has run then (no noise drawn either), and the caller runs execute()
-        and samples. The caller has checked that every sampled row is plain (greedy or plainly
-        sampled) and that no other logits rows are asked for."""
+        before any edit) from one C++ call (models/greedy_decode.py), or None where that path does not
+        take the step: nothing has run then (no noise drawn either), and the caller runs execute() and
+        samples. The caller has checked that the rows need nothing else (no beams, grammar, drafts or
+        forks) and that no other logits rows are asked for."""
         if self.lora_manager is not None or self.device.type != "cpu" or step.num_tokens == 0:
             return None
         offer = getattr(self.model, "greedy_decoder", None)

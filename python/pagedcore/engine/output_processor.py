@@ -135,7 +135,7 @@ class OutputProcessor:
         return sampler_output.sampled_token_ids.cpu().numpy(), sampler_output, logits
 
     def sampling_metadata(self, rows: list[SequenceState], vocab_size: int, device) -> SamplingMetadata:
-        """The sampling inputs of these rows at this step (the Sampler's, and the one-call step's edits)."""
+        """The Sampler's inputs for these rows at this step."""
         return SamplingMetadata.from_requests(
             [s.params for s in rows], vocab_size=vocab_size,
             eos_token_ids=self.eos_token_ids,

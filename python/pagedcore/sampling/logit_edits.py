@@ -5,11 +5,10 @@ one C++ call (models/greedy_decode.py).
 Built from the same lists the Sampler's torch stages get their pairs from (sampling/metadata.py's
 logit_bias_lists and min_tokens_ban_lists; the prompt and output tokens of penalised rows), in numpy
 (from_requests: 66 us a step for a penalised row where a SamplingMetadata's torch tensors took 195 us,
-Zen 4), or from a SamplingMetadata (from_metadata: the tests' bridge). Both paths edit the same logits
-the same way. Two changes of form, not of result: a token listed several times for a row is one pair
-(repetition: each copy wrote the same value; presence / frequency: the pair carries its number of
-occurrences, and the kernel adds -frequency that many times, one at a time, as torch's serial
-index_put_(accumulate=True) does).
+Zen 4). Both paths edit the same logits the same way (tests/kernels/test_logit_edits.py). Two changes
+of form, not of result: a token listed several times for a row is one pair (repetition: each copy wrote
+the same value; presence / frequency: the pair carries its number of occurrences, and the kernel adds
+-frequency that many times, one at a time, as torch's serial index_put_(accumulate=True) does).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from pagedcore import _core
-from pagedcore.sampling.metadata import SamplingMetadata, TokenPairs, logit_bias_lists, min_tokens_ban_lists
+from pagedcore.sampling.metadata import logit_bias_lists, min_tokens_ban_lists
 from pagedcore.sampling_params import SamplingParams
 
 _EMPTY_INT = np.zeros(0, dtype=np.int32)
@@ -76,25 +75,6 @@ class LogitEdits:
             presence_penalty=np.array([p.presence_penalty for p in params], dtype=np.float32),
             frequency_penalty=np.array([p.frequency_penalty for p in params], dtype=np.float32))
 
-    @classmethod
-    def from_metadata(cls, md: SamplingMetadata) -> LogitEdits | None:
-        """The edits of md's rows (CPU tensors), or None when no row has any."""
-        if md.logit_bias is None and md.banned is None and md.repetition is None and md.output_tokens is None:
-            return None
-        bias_rows, bias_tokens = _pair_arrays(md.logit_bias)
-        bias_values = (md.logit_bias.values.numpy().astype(np.float32, copy=False) if md.logit_bias is not None
-                       else np.zeros(0, dtype=np.float32))
-        ban_rows, ban_tokens = _pair_arrays(md.banned)
-        repetition_rows, repetition_tokens, _ = _distinct(md.repetition, md.vocab_size)
-        counted_rows, counted_tokens, counts = _distinct(md.output_tokens, md.vocab_size)
-        return cls(
-            bias_rows=bias_rows, bias_tokens=bias_tokens, bias_values=bias_values, ban_rows=ban_rows,
-            ban_tokens=ban_tokens, repetition_rows=repetition_rows, repetition_tokens=repetition_tokens,
-            counted_rows=counted_rows, counted_tokens=counted_tokens, counts=counts,
-            repetition_penalty=_per_row(md.repetition_penalty, md.num_rows, 1.0),
-            presence_penalty=_per_row(md.presence_penalty, md.num_rows, 0.0),
-            frequency_penalty=_per_row(md.frequency_penalty, md.num_rows, 0.0))
-
     def apply(self, logits: torch.Tensor) -> None:
         """Edits logits [R, V] (float32, contiguous, CPU) in place: what the one-call step does to its rows."""
         if logits.dtype != torch.float32 or logits.dim() != 2 or not logits.is_contiguous() or not logits.is_cpu:
@@ -125,27 +105,3 @@ def _rows_of(per_row: list) -> np.ndarray:
 def _concat(arrays) -> np.ndarray:
     arrays = list(arrays)
     return np.concatenate(arrays).astype(np.int32) if arrays else _EMPTY_INT
-
-
-def _pair_arrays(pairs: TokenPairs | None) -> tuple[np.ndarray, np.ndarray]:
-    if pairs is None:
-        return _EMPTY_INT, _EMPTY_INT
-    return pairs.row_ids.numpy().astype(np.int32), pairs.token_ids.numpy().astype(np.int32)
-
-
-def _distinct(pairs: TokenPairs | None, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (row, token) pairs and each one's number of occurrences."""
-    if pairs is None:
-        return _EMPTY_INT, _EMPTY_INT, _EMPTY_INT
-    rows, tokens = pairs.row_ids.numpy(), pairs.token_ids.numpy()
-    if len(tokens) and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-        raise ValueError(f"a penalised token id {bad} is outside the vocabulary [0, {vocab_size})")
-    keys, counts = np.unique(rows.astype(np.int64) * vocab_size + tokens, return_counts=True)
-    return (keys // vocab_size).astype(np.int32), (keys % vocab_size).astype(np.int32), counts.astype(np.int32)
-
-
-def _per_row(values: torch.Tensor | None, num_rows: int, off: float) -> np.ndarray:
-    if values is None:
-        return np.full(num_rows, off, dtype=np.float32)
-    return values.numpy().astype(np.float32, copy=False)

@@ -46,9 +46,9 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
     ids [R, num_top + 1] int64, logprobs [R, num_top + 1] float32, ranks [R] int64 (1-based; a
     token's rank counts every token at least as likely, itself included; top-k ties by the lower id).
 
-    CPU logits: one C++ call (cpp/kernels/logprobs_rows.h, ~10x faster a row than the torch ops
-    below, which serve other devices). Either works on the logits rather than a log_softmax: ranks and
-    top-k are the same on either, and the normaliser then costs one in-place pass."""
+    CPU logits: one C++ call (cpp/kernels/logprobs_rows.h: 75-82 us a 49,152-wide row against 220 us
+    for the torch ops below, Zen 4; those serve other devices). Either works on the logits rather than a
+    log_softmax: ranks and top-k are the same on either, and the normaliser then costs one in-place pass."""
     if (logits.is_cpu and logits.dtype == torch.float32 and logits.dim() == 2 and logits.stride(1) == 1
             and cpu_enabled() and logits.shape[0] > 0):
         num_rows, vocab = logits.shape
