@@ -123,6 +123,8 @@ struct Workspace {
   std::vector<int32_t> order;
   std::vector<AttentionWorkItem> sorted;
   std::vector<PartitionedTile> tiles;
+  std::vector<int32_t> tile_of_partial;  // [num_partials] the tile a partition belongs to
+  std::vector<int32_t> partitions_done;  // [tiles] partitions finished (atomic adds): the last merges
   std::vector<float> scratch;
   std::vector<float> partial_m, partial_l, partial_acc;
 };
@@ -212,9 +214,13 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   const int64_t wanted_items = threads * g_items_per_thread.load();
   const int64_t min_keys = g_min_partition_keys.load();
   ws.tiles.clear();
+  ws.tile_of_partial.clear();
   int64_t num_partials = 0;
   if (threads > 1 && num_tiles < wanted_items) {
-    const int64_t parts_wanted = (wanted_items + num_tiles - 1) / num_tiles;
+    // Enough parts for the wanted items, and a whole number of items per thread where the key ranges
+    // allow it (equal items handed out dynamically: 9 items on 2 threads leave one idle for a ninth).
+    int64_t parts_wanted = (wanted_items + num_tiles - 1) / num_tiles;
+    for (int64_t extra = 0; extra < threads && (num_tiles * parts_wanted) % threads != 0; ++extra) ++parts_wanted;
     for (int64_t i = 0; i < num_tiles; ++i) {
       AttentionWorkItem tile = ws.items[i];
       const int64_t keys = tile.key_end;
@@ -225,6 +231,7 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
       if (real_parts < 2) continue;
       ws.tiles.push_back({tile.seq, tile.kv_head, tile.row_begin, tile.row_end,
                           static_cast<int32_t>(num_partials), static_cast<int32_t>(real_parts)});
+      ws.tile_of_partial.insert(ws.tile_of_partial.end(), real_parts, static_cast<int32_t>(ws.tiles.size() - 1));
       for (int64_t k = 0; k < real_parts; ++k) {
         AttentionWorkItem part = tile;
         part.key_begin = static_cast<int32_t>(k * part_keys);
@@ -284,16 +291,22 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   ws.partial_acc.resize(num_partials * max_rows * p.head_size);
   const AttentionPartials partials{ws.partial_m.data(), ws.partial_l.data(), ws.partial_acc.data()};
 
+  // A partitioned tile is merged by the thread that finishes its last partition, in the same region
+  // (a second parallel region for the merges cost a fork and a join: ~1.5 us a call at decode).
+  ws.partitions_done.assign(ws.tiles.size(), 0);
   const AttentionWorkItem* items = ws.sorted.data();
+  const PartitionedTile* tiles = ws.tiles.data();
+  const int32_t* tile_of_partial = ws.tile_of_partial.data();
+  int32_t* partitions_done = ws.partitions_done.data();
   parallel_for(static_cast<int>(num_items), [&](int i, int thread) {
-    kernel(p, items[i], layout, scratch + thread * layout.per_thread, partials);
+    float* thread_scratch = scratch + thread * layout.per_thread;
+    kernel(p, items[i], layout, thread_scratch, partials);
+    if (items[i].partial_index < 0) return;
+    const int32_t t = tile_of_partial[items[i].partial_index];
+    // acq_rel: each partition's partials are written before its add; the last add sees them all.
+    if (__atomic_add_fetch(&partitions_done[t], 1, __ATOMIC_ACQ_REL) == tiles[t].num_partials)
+      merge_tile(p, tiles[t], partials, max_rows, thread_scratch + merge_row);
   });
-  if (!ws.tiles.empty()) {
-    const PartitionedTile* tiles = ws.tiles.data();
-    parallel_for(static_cast<int>(ws.tiles.size()), [&](int i, int thread) {
-      merge_tile(p, tiles[i], partials, max_rows, scratch + thread * layout.per_thread + merge_row);
-    });
-  }
   return Status::ok();
 }
 
