@@ -57,9 +57,10 @@ def load_requests(path: str, limit: int | None):
 
 
 def decode_prompt(requests, length: int) -> list[int]:
-    """A prompt of real text: the longest workload prompt cut to `length` tokens."""
-    longest = max(requests, key=lambda r: len(r["prompt_token_ids"]))
-    return longest["prompt_token_ids"][:length]
+    """A prompt of real text: the longest workload prompt cut to `length` tokens; repeated end to end
+    when it is shorter (a long-context decode: the attention reads the same number of keys)."""
+    longest = max(requests, key=lambda r: len(r["prompt_token_ids"]))["prompt_token_ids"]
+    return (longest * -(-length // len(longest)))[:length]
 
 
 def time_decode(generate_k, num_tokens: int, repeats: int) -> dict:

@@ -17,7 +17,7 @@ def main():
     t0 = time.perf_counter()
     from llama_cpp import Llama
     llm = Llama(model_path=args.model or default_gguf(), n_threads=args.threads, n_threads_batch=args.threads,
-                n_ctx=2048, n_batch=512, verbose=False)
+                n_ctx=max(2048, args.decode_prompt_len + args.decode_tokens + 8), n_batch=512, verbose=False)
     startup = time.perf_counter() - t0
     prompt = decode_prompt(load_requests(args.workload, args.limit), args.decode_prompt_len)
 

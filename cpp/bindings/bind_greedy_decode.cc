@@ -28,6 +28,40 @@ void expect_1d(const py::array& a, const char* name, int64_t size) {
                           std::to_string(a.ndim()) + "-D of " + std::to_string(a.ndim() ? a.shape(0) : 0));
 }
 
+// A step's DecoderStackParams from the scheduler's arrays (shapes checked).
+kernels::DecoderStackParams step_params(const Array<int64_t>& input_ids, const Array<int64_t>& positions,
+                                        uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks,
+                                        int64_t block_size, const Array<int64_t>& slot_mapping,
+                                        const Array<int32_t>& block_tables, const Array<int32_t>& seq_lens,
+                                        const Array<int32_t>& query_start_loc, int64_t max_query_len,
+                                        int64_t max_seq_len) {
+  expect_1d(input_ids, "input_ids", -1);
+  const int64_t T = input_ids.shape(0);
+  expect_1d(positions, "positions", T);
+  expect_1d(slot_mapping, "slot_mapping", T);
+  expect_1d(seq_lens, "seq_lens", -1);
+  const int64_t num_seqs = seq_lens.shape(0);
+  expect_1d(query_start_loc, "query_start_loc", num_seqs + 1);
+  if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs)
+    throw py::value_error("GreedyDecoder.run: block_tables must be [num_seqs, max_blocks] with num_seqs = " +
+                          std::to_string(num_seqs));
+  kernels::DecoderStackParams step;
+  step.num_tokens = T;
+  step.kv_cache = ptr<void>(kv_cache);
+  step.cache_dtype = to_dtype(cache_dtype);
+  step.num_blocks = num_blocks;
+  step.block_size = block_size;
+  step.slot_mapping = slot_mapping.data();
+  step.block_tables = block_tables.data();
+  step.seq_lens = seq_lens.data();
+  step.query_start_loc = query_start_loc.data();
+  step.num_seqs = num_seqs;
+  step.max_blocks_per_seq = block_tables.shape(1);
+  step.max_query_len = max_query_len;
+  step.max_seq_len = max_seq_len;
+  return step;
+}
+
 }  // namespace
 
 void bind_greedy_decode(py::module_& m) {
@@ -64,31 +98,10 @@ void bind_greedy_decode(py::module_& m) {
              int64_t max_seq_len, const Array<int64_t>& logits_indices, const py::object& temperature,
              const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise,
              const py::object& edits, const py::object& raw_rows, const py::object& raw_out) {
-            expect_1d(input_ids, "input_ids", -1);
-            const int64_t T = input_ids.shape(0);
-            expect_1d(positions, "positions", T);
-            expect_1d(slot_mapping, "slot_mapping", T);
-            expect_1d(seq_lens, "seq_lens", -1);
-            const int64_t num_seqs = seq_lens.shape(0);
-            expect_1d(query_start_loc, "query_start_loc", num_seqs + 1);
+            const kernels::DecoderStackParams step =
+                step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
+                            block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len);
             expect_1d(logits_indices, "logits_indices", -1);
-            if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs)
-              throw py::value_error("GreedyDecoder.run: block_tables must be [num_seqs, max_blocks] with num_seqs = " +
-                                    std::to_string(num_seqs));
-            kernels::DecoderStackParams step;
-            step.num_tokens = T;
-            step.kv_cache = ptr<void>(kv_cache);
-            step.cache_dtype = to_dtype(cache_dtype);
-            step.num_blocks = num_blocks;
-            step.block_size = block_size;
-            step.slot_mapping = slot_mapping.data();
-            step.block_tables = block_tables.data();
-            step.seq_lens = seq_lens.data();
-            step.query_start_loc = query_start_loc.data();
-            step.num_seqs = num_seqs;
-            step.max_blocks_per_seq = block_tables.shape(1);
-            step.max_query_len = max_query_len;
-            step.max_seq_len = max_seq_len;
             const int64_t num_rows = logits_indices.shape(0);
             // Sampling inputs (pagedcore.sampling.row_sampling.RowSampling): all or none.
             const bool sampled = !temperature.is_none();
@@ -161,6 +174,30 @@ void bind_greedy_decode(py::module_& m) {
           "logit edits before either; with raw_rows (int64) and raw_out ([len(raw_rows), vocab] float32), those rows' "
           "logits before any edit copied out (logprobs). kv_cache is a raw pointer (the caller checks the cache "
           "tensor); every index and sampling value is checked before the cache is written.")
+      .def(
+          "run_steps",
+          [](kernels::GreedyDecoder& g, kernels::DecoderStack& stack, const Array<int64_t>& input_ids,
+             const Array<int64_t>& positions, uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks,
+             int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
+             const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len) {
+            const kernels::DecoderStackParams step =
+                step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
+                            block_tables, seq_lens, query_start_loc, -1, max_seq_len);
+            py::array_t<int64_t> tokens(step.num_tokens);  // [num_tokens]
+            kernels::Status status;
+            {
+              py::gil_scoped_release release;
+              status = g.run_steps(stack, step, input_ids.data(), positions.data(), tokens.mutable_data());
+            }
+            raise_if_error(status);
+            return tokens;
+          },
+          py::arg("stack"), py::arg("input_ids"), py::arg("positions"), py::arg("kv_cache"), py::arg("cache_dtype"),
+          py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
+          py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_seq_len"),
+          "Several greedy decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
+          "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the argmax of "
+          "sequence s's step i (the tokens single steps would give).")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(
           "seconds",

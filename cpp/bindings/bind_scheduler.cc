@@ -254,6 +254,11 @@ void bind_scheduler(py::module_& m) {
               bool draft) { s.append_tokens(seq_id, to_tokens(t, "token_ids"), draft); },
            py::arg("seq_id"), py::arg("token_ids"), py::kw_only(), py::arg("draft") = false)
       .def("remove_tail_tokens", &Scheduler::remove_tail_tokens, py::arg("seq_id"), py::arg("num_tokens"))
+      .def("set_draft_tokens",
+           [](Scheduler& s, SeqId seq_id, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& t) {
+             s.set_draft_tokens(seq_id, to_tokens(t, "token_ids"));
+           },
+           py::arg("seq_id"), py::arg("token_ids"))
       .def("abort_sequence", &Scheduler::abort_sequence, py::arg("seq_id"))
       .def("schedule", &Scheduler::schedule)
       .def("update",

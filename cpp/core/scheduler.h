@@ -54,6 +54,11 @@ class Scheduler {
   // (at most num_tokens - num_computed_tokens - 1, so one token is left for the next step to
   // compute) and past the prompt. Drafts among them are dropped from num_draft_tokens.
   void remove_tail_tokens(SeqId seq_id, int32_t num_tokens);
+  // Gives a sequence's drafts other values (num_draft_tokens of them), also between schedule() and
+  // update(): multi-step decoding (pagedcore/engine/multi_step.py) schedules placeholder drafts for
+  // their KV slots, computes the real tokens in those slots, then names them here so that update()
+  // keeps the KV. Block hashes over a draft position are dropped (registration recomputes them).
+  void set_draft_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids);
   // Ends a sequence in any state and frees its blocks at once. False when unknown or finished.
   bool abort_sequence(SeqId seq_id);
 

@@ -145,6 +145,22 @@ void Scheduler::remove_tail_tokens(SeqId seq_id, int32_t num_tokens) {
   if (seq->status == SeqStatus::kRunning) kv_.truncate(*seq, kv_.blocks_for(new_len));
 }
 
+void Scheduler::set_draft_tokens(SeqId seq_id, const std::vector<TokenId>& token_ids) {
+  Sequence* seq = get(seq_id, "set_draft_tokens");
+  if (static_cast<int64_t>(token_ids.size()) != seq->num_draft_tokens) {
+    throw std::invalid_argument("set_draft_tokens: sequence " + str(seq_id) + " has " + str(seq->num_draft_tokens) +
+                                " drafts, got " + str(static_cast<int64_t>(token_ids.size())) +
+                                " tokens; pass one per draft");
+  }
+  for (TokenId t : token_ids) {
+    if (t < 0) throw std::invalid_argument("set_draft_tokens: token ids must be >= 0, got " + str(t));
+  }
+  //   token_ids: [ kept ........ | d1 .. dk ]  ->  [ kept ........ | t1 .. tk ]
+  const int32_t first = seq->num_tokens() - seq->num_draft_tokens;
+  std::copy(token_ids.begin(), token_ids.end(), seq->token_ids.begin() + first);
+  seq->block_hashes.resize(std::min<size_t>(seq->block_hashes.size(), first / config_.block_size));
+}
+
 bool Scheduler::abort_sequence(SeqId seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end() || it->second->finished()) return false;

@@ -2,6 +2,7 @@
 // (greedy_decode.h says why and what it must equal).
 #include "kernels/greedy_decode.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -149,6 +150,87 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
   st = argmax_rows(argmax);
   if (timing) head_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
   return st;
+}
+
+Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
+                                const int64_t* positions, int64_t* tokens) {
+  const int64_t T = step.num_tokens, S = step.num_seqs, B = step.max_blocks_per_seq;
+  if (T <= 0 || S <= 0)
+    return Status::invalid("greedy_decode: run_steps of " + str(T) + " tokens, " + str(S) + " sequences");
+  if (!input_ids || !positions || !tokens || !step.query_start_loc || !step.seq_lens || !step.slot_mapping ||
+      !step.block_tables)
+    return Status::invalid("greedy_decode: run_steps: a pointer is null");
+  const int32_t* qsl = step.query_start_loc;
+  if (qsl[0] != 0 || qsl[S] != T)
+    return Status::invalid("greedy_decode: run_steps: query_start_loc must run from 0 to num_tokens (" + str(T) + ")");
+  const int64_t num_slots = step.num_blocks * step.block_size;
+  int64_t num_steps = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t begin = qsl[s], q_len = qsl[s + 1] - begin;
+    if (q_len < 1) return Status::invalid("greedy_decode: run_steps: sequence " + str(s) + " has no token");
+    if (step.seq_lens[s] != positions[begin] + q_len)
+      return Status::invalid("greedy_decode: run_steps: sequence " + str(s) + " ends at " + str(step.seq_lens[s]) +
+                             " but its tokens start at position " + str(positions[begin]));
+    for (int64_t i = 0; i < q_len; ++i) {
+      if (positions[begin + i] != positions[begin] + i || positions[begin + i] < 0 ||
+          positions[begin + i] >= max_position)
+        return Status::out_of_range("greedy_decode: run_steps: sequence " + str(s) +
+                                    "'s positions are not consecutive inside the rotary table [0, " +
+                                    str(max_position) + ")");
+      if (step.slot_mapping[begin + i] < 0 || step.slot_mapping[begin + i] >= num_slots)
+        return Status::out_of_range("greedy_decode: run_steps: slot " + str(step.slot_mapping[begin + i]) +
+                                    " is outside the cache's " + str(num_slots));
+    }
+    num_steps = std::max(num_steps, q_len);
+  }
+  step_ids_.resize(S);
+  step_positions_.resize(S);
+  step_slots_.resize(S);
+  step_rows_.resize(S);
+  step_tokens_.resize(S);
+  step_seq_lens_.resize(S);
+  step_query_start_.resize(S + 1);
+  step_tables_.resize(S * B);
+  for (int64_t i = 0; i < num_steps; ++i) {
+    // The sequences still stepping, in order: n of them, one token each.
+    int64_t n = 0, max_seq_len = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t begin = qsl[s];
+      if (qsl[s + 1] - begin <= i) continue;
+      step_ids_[n] = i == 0 ? input_ids[begin] : tokens[begin + i - 1];
+      step_positions_[n] = positions[begin + i];
+      step_slots_[n] = step.slot_mapping[begin + i];
+      step_seq_lens_[n] = static_cast<int32_t>(positions[begin + i] + 1);
+      step_query_start_[n] = static_cast<int32_t>(n);
+      step_rows_[n] = n;
+      max_seq_len = std::max<int64_t>(max_seq_len, step_seq_lens_[n]);
+      ++n;
+    }
+    step_query_start_[n] = static_cast<int32_t>(n);
+    DecoderStackParams one = step;
+    one.num_tokens = n;
+    one.num_actual_tokens = -1;
+    one.num_seqs = n;
+    one.slot_mapping = step_slots_.data();
+    one.seq_lens = step_seq_lens_.data();
+    one.query_start_loc = step_query_start_.data();
+    // The step's own table while every sequence steps; after one stops, the rows of those still stepping.
+    one.block_tables = step.block_tables;
+    if (n != S) {
+      for (int64_t s = 0, j = 0; s < S; ++s)
+        if (qsl[s + 1] - qsl[s] > i)
+          std::memcpy(step_tables_.data() + (j++) * B, step.block_tables + s * B, B * sizeof(int32_t));
+      one.block_tables = step_tables_.data();
+    }
+    one.max_query_len = 1;
+    one.max_seq_len = max_seq_len;
+    const Status st = run(stack, one, step_ids_.data(), step_positions_.data(), step_rows_.data(), n,
+                          step_tokens_.data());
+    if (!st.is_ok()) return st;
+    for (int64_t s = 0, j = 0; s < S; ++s)
+      if (qsl[s + 1] - qsl[s] > i) tokens[qsl[s] + i] = step_tokens_[j++];
+  }
+  return Status::ok();
 }
 
 }  // namespace kernels

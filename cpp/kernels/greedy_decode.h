@@ -70,6 +70,23 @@ struct GreedyDecoder {
              const int64_t* positions, const int64_t* logits_indices, int64_t num_rows, int64_t* tokens,
              const SampleRowsParams* sampling = nullptr, const LogitEditsParams* edits = nullptr,
              const int64_t* raw_rows = nullptr, int64_t num_raw = 0, float* raw_out = nullptr);
+
+  // Several decode steps in one call (vLLM's num_scheduler_steps; pagedcore/engine/multi_step.py).
+  // step: a scheduled step whose num_seqs sequences each have q_len_s = query_start_loc[s + 1] -
+  // query_start_loc[s] >= 1 tokens at consecutive positions ending at seq_lens[s] - 1: the first is the
+  // sequence's next input, the others placeholders whose slots the scheduler allocated. Runs
+  // max_s q_len_s one-token steps: step i gives every sequence with q_len_s > i the token step i - 1
+  // chose for it (i = 0: input_ids[query_start_loc[s]]) at its i-th position and slot, and writes that
+  // step's argmax to tokens[query_start_loc[s] + i] (tokens [num_tokens]). Each is the decode step
+  // run() would run for those sequences, so the tokens are those of single steps, bit for bit. Every
+  // index is checked before the first step writes the cache.
+  Status run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
+                   const int64_t* positions, int64_t* tokens);
+
+ private:
+  // run_steps' per-step arrays, for the sequences still stepping.
+  std::vector<int64_t> step_ids_, step_positions_, step_slots_, step_rows_, step_tokens_;
+  std::vector<int32_t> step_seq_lens_, step_query_start_, step_tables_;
 };
 
 }  // namespace kernels

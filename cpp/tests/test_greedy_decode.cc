@@ -328,4 +328,43 @@ TEST(greedy_decoder_refuses_bad_indices_before_writing_the_cache) {
   CHECK(cache == before);
 }
 
+TEST(run_steps_equals_single_decode_steps) {
+  // Two sequences after a prefill (3 and 5 tokens): the first decodes 4 tokens in one call, the second 2
+  // (it stops stepping after step 1); placeholders in the input must not matter.
+  TinyModel m;
+  std::vector<float> cache_a = empty_cache(), cache_b = empty_cache();
+  const Step prefill({{0, 3}, {0, 5}}, 11);
+  const std::vector<int64_t> last_rows = {2, 7};
+  const std::vector<int64_t> first = run(m, prefill, cache_a, last_rows);
+  CHECK(run(m, prefill, cache_b, last_rows) == first);
+  Step multi({{3, 4}, {5, 2}}, 1);  // placeholders (V - 1) after each first token: never read
+  multi.input_ids = {first[0], V - 1, V - 1, V - 1, first[1], V - 1};
+  std::vector<int64_t> tokens(multi.input_ids.size(), -1);
+  CHECK(m.decoder.run_steps(m.stack, multi.params(cache_a), multi.input_ids.data(), multi.positions.data(),
+                            tokens.data()).is_ok());
+  // The same, one decode step at a time with the running sequences only.
+  std::vector<int64_t> next = first, single;
+  for (int64_t i = 0; i < 4; ++i) {
+    std::vector<std::pair<int64_t, int64_t>> seqs = {{3 + i, 1}};
+    if (i < 2) seqs.push_back({5 + i, 1});
+    Step one(seqs, 0);
+    one.input_ids.assign(next.begin(), next.begin() + static_cast<int64_t>(seqs.size()));
+    const std::vector<int64_t> rows = seqs.size() == 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0};
+    next = run(m, one, cache_b, rows);
+    single.push_back(next[0]);
+    if (seqs.size() == 2) single.push_back(next[1]);
+  }
+  // tokens: sequence 0 at [0, 4), sequence 1 at [4, 6); single: step-major (s0, s1, s0, s1, s0, s0)
+  CHECK(tokens[0] == single[0] && tokens[4] == single[1] && tokens[1] == single[2] && tokens[5] == single[3]);
+  CHECK(tokens[2] == single[4] && tokens[3] == single[5]);
+  CHECK(cache_a == cache_b);
+  // Bad input is refused before the cache is written.
+  const std::vector<float> before = cache_a;
+  Step gap({{9, 3}}, 1);
+  gap.positions[2] += 1;
+  CHECK(!m.decoder.run_steps(m.stack, gap.params(cache_a), gap.input_ids.data(), gap.positions.data(),
+                             tokens.data()).is_ok());
+  CHECK(cache_a == before);
+}
+
 int main() { return pagedcore_test::run_all(); }

@@ -169,6 +169,8 @@ class Scheduler:
         """draft=True: proposals to verify; the step computing them yields num_draft_tokens + 1 logits rows."""
     def remove_tail_tokens(self, seq_id: int, num_tokens: int) -> None:
         """Inverse of append_tokens: drops appended tokens without KV (never the prompt, never the next to compute)."""
+    def set_draft_tokens(self, seq_id: int, token_ids: Sequence[int] | npt.ArrayLike) -> None:
+        """New values for the sequence's drafts (one each), also while a step is in flight (multi-step)."""
     def abort_sequence(self, seq_id: int) -> bool: ...
     def schedule(self) -> SchedulerOutput: ...
     def update(self, sampled_token_ids: Sequence[int] | npt.ArrayLike, forks: Optional[npt.ArrayLike] = None, *,

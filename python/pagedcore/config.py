@@ -87,6 +87,9 @@ class EngineConfig:
     # Speculative decoding (vLLM's speculative_config): a dict such as {"method": "ngram",
     # "num_speculative_tokens": 4}, validated into a spec_decode.SpeculativeConfig; None = off.
     speculative_config: object = None
+    # vLLM's num_scheduler_steps (multi-step scheduling): greedy decode steps run up to this many tokens
+    # a sequence in one scheduler step and one C++ call (engine/multi_step.py); 1 = one token a step.
+    num_scheduler_steps: int = 1
     # Multi-LoRA (vLLM's names; docs/lora.md): adapters per step, their largest rank, adapters kept loaded.
     enable_lora: bool = False
     max_loras: int = 1                       # distinct adapters in one step (the weight slots)
@@ -176,6 +179,12 @@ class EngineConfig:
                              f"{self.device!r}; use --device cpu or drop --enable-lora")
         from pagedcore.spec_decode.config import SpeculativeConfig  # light: no engine imports
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+        steps = self.num_scheduler_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 64:
+            fail("num_scheduler_steps", "an integer from 1 to 64")
+        if steps > 1 and self.speculative_config is not None:
+            raise ValueError("EngineConfig.num_scheduler_steps > 1 and speculative_config both run several tokens a "
+                             "sequence per step and cannot be combined; drop one of them")
 
     def resolve_dtype(self, model_dtype: str, kv_cache_default: str | None = None) -> None:
         """dtype "auto" becomes the loaded model's activation dtype; kv_cache_dtype "auto" becomes

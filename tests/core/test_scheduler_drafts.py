@@ -155,3 +155,22 @@ def test_extra_key_is_gone():
     s = make()
     with pytest.raises(TypeError):
         s.add_sequence(1, [1, 2, 3], extra_key=5)
+
+
+def test_set_draft_tokens_names_the_tokens_computed_in_placeholder_slots():
+    """Multi-step: placeholders scheduled for their slots, the real tokens named before update(): every
+    position keeps its KV (no rollback), and block hashes are those of the real tokens."""
+    s = prefilled(make(block_size=4))
+    s.append_tokens(1, [0, 0, 0], draft=True)                     # placeholders after 50
+    out = s.schedule()
+    assert out.input_ids.tolist() == [50, 0, 0, 0] and out.num_draft_tokens == 3
+    with pytest.raises(ValueError, match="has 3 drafts, got 2 tokens"):
+        s.set_draft_tokens(1, [60, 61])
+    s.set_draft_tokens(1, [60, 61, 62])
+    s.update([60, 61, 62, 63], num_accepted_tokens=[4])
+    seq = s.get_sequence(1)
+    assert seq.token_ids[-5:] == [50, 60, 61, 62, 63]
+    assert (seq.num_computed_tokens, seq.num_draft_tokens) == (10, 0)   # only 63 waits for its KV
+    # The full blocks were registered under the real tokens: a new prompt with them hits the cache.
+    prompt = np.array([100, 101, 102, 103, 104, 105, 50, 60, 61, 62], dtype=np.int64)
+    assert s.num_cached_prefix_tokens(prompt) == 8

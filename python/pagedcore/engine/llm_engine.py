@@ -21,9 +21,11 @@ from pagedcore import _core
 from pagedcore.config import EngineConfig
 from pagedcore.distributed.parallel_config import executor_backend, machine_kv_cache_spec, parallel_layout
 from pagedcore.engine import kv_cache as kvc
+from pagedcore.engine.fused_step import fused_step
 from pagedcore.engine.beam_search import BeamSearch
 from pagedcore.engine.fault_injection import FaultInjector
-from pagedcore.engine.output_processor import OutputProcessor, has_logit_edits
+from pagedcore.engine.multi_step import MultiStep
+from pagedcore.engine.output_processor import OutputProcessor
 from pagedcore.engine.request_registry import RequestRegistry
 from pagedcore.engine.request_state import OUTPUT_KINDS
 from pagedcore.engine.step_input import StepInput
@@ -31,12 +33,7 @@ from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
 from pagedcore.outputs import RequestMetrics, RequestOutput
-from pagedcore.ops import sample_rows as cpu_sampler
-from pagedcore.sampling.logit_edits import LogitEdits
-from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
-from pagedcore.sampling.logprobs import RawLogitRows
-from pagedcore.sampling.row_sampling import RowSampling
-from pagedcore.sampling.sampler import Sampler, SamplerOutput, with_logprobs
+from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
 from pagedcore.spec_decode import draft_setup
 from pagedcore.spec_decode.speculator import Speculator
@@ -164,6 +161,15 @@ class LLMEngine:
                 self.draft.bind(worker.runner.kv_cache, num_blocks, num_cpu_blocks, self.scheduler)
             self.speculator = Speculator(config.speculative_config, self.scheduler, self.output_processor,
                                          config.max_model_len, config.max_num_batched_tokens, draft=self.draft)
+        # vLLM's num_scheduler_steps: greedy decodes run up to N tokens a step in one call (engine/multi_step.py).
+        self.multi_step = None
+        if config.num_scheduler_steps > 1:
+            self.multi_step = MultiStep(config.num_scheduler_steps, self.scheduler, worker, config.block_size,
+                                        config.max_model_len, config.max_num_batched_tokens)
+            if not worker.can_multi_step():
+                logger.warning("num_scheduler_steps=%d: this model and worker have no one-call decode path "
+                               "(a GPU, LoRA, a parallel model or a layer the C++ stack does not run); every "
+                               "step runs one token", config.num_scheduler_steps)
         # Beam-search requests (BeamSearchParams): decided per step over their beams' logits rows.
         self.beam_search = BeamSearch(self.registry, self.scheduler, self.tokenizer, self.eos_token_ids,
                                       mc.vocab_size, config.max_num_seqs, config.max_model_len,
@@ -267,42 +273,6 @@ class LLMEngine:
         return len(self.registry)
 
     # -- the step ----------------------------------------------------------------------------------
-    def _plain_rows(self, rows) -> bool:
-        """Nothing but each sampled row's token (and its logprobs) is wanted from this step's logits: no
-        drafts to verify, no beams, no grammar masks, no first samples to fork (n > 1); every row greedy
-        or sampled by temperature / top-k / top-p / min-p, after its penalties, logit bias and min_tokens
-        bans (the one-call step applies those too: sampling/logit_edits.py)."""
-        return (self.speculator is None and len(self.beam_search) == 0 and not self.registry.num_constrained
-                and not any(s.request.needs_fork for s in rows))
-
-    def _fused_step(self, step_input, rows) -> tuple[np.ndarray, SamplerOutput | None] | None:
-        """(the step's tokens, their logprobs or None) from one C++ call (models/greedy_decode.py) when
-        its rows are plain, or None (nothing run, no noise drawn) for the Python forward and sampler."""
-        if not self._plain_rows(rows):
-            return None
-        sampled = not all(s.params.temperature == 0 for s in rows)
-        if sampled and not cpu_sampler.enabled():
-            return None
-        edited = any(has_logit_edits(s.params) for s in rows)
-        if edited and not logit_edits_enabled():
-            return None
-        vocab_size = self.output_processor.vocab_size
-        sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
-                                           vocab_size) if sampled else None
-        edits = LogitEdits.from_requests(
-            [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=self.output_processor.eos_token_ids,
-            prompt_token_ids=[s.request.prompt_token_ids for s in rows],
-            output_token_ids=[s.output_token_ids for s in rows],
-            num_output_tokens=[len(s.output_token_ids) for s in rows]) if edited else None
-        wanted = [i for i, s in enumerate(rows) if s.params.logprobs is not None]
-        raw = RawLogitRows.of(wanted, vocab_size) if wanted else None
-        tokens = self.worker.execute_fused_step(step_input, sampling, edits, raw)
-        if tokens is None or raw is None:
-            return None if tokens is None else (tokens, None)
-        # Logprobs of the raw rows, as the Sampler computes them on its own copy.
-        return tokens, with_logprobs(torch.from_numpy(tokens), raw.out, max(rows[i].params.logprobs for i in wanted),
-                                     None if len(wanted) == len(rows) else torch.from_numpy(raw.rows))
-
     def step(self) -> list[RequestOutput]:
         """Runs one scheduler step and returns outputs of requests that changed (finished ones for
         output_kind 'final')."""
@@ -317,6 +287,8 @@ class LLMEngine:
         if self.thread_team is not None:
             self.thread_team.on_step()
         t_start = time.perf_counter()
+        if self.multi_step is not None:
+            self.multi_step.before_schedule()   # placeholders only where the step can run in one call
         out = self.scheduler.schedule()
         self.output_processor.mark_scheduled(out, time.time())
         t_scheduled = time.perf_counter()
@@ -326,8 +298,12 @@ class LLMEngine:
         rows = self.registry.seqs_of(out.sample_seq_ids.tolist())
         # Each sampled row's own distribution (or argmax) alone decides: the worker may run the step and
         # the sampling in one C++ call (models/greedy_decode.py); None when it does not, having run nothing.
-        fused_tokens = self._fused_step(step_input, rows) if extra_rows is None else None
-        logits = self.worker.execute_step(step_input) if fused_tokens is None else None
+        multi = None   # a multi-step's (result, process_rows, tokens): several decode steps in one call
+        if self.multi_step is not None and out.num_draft_tokens and extra_rows is None:
+            multi = self.multi_step.run(out, step_input, rows)
+        fused_tokens = (fused_step(self, step_input, rows) if extra_rows is None and not out.num_draft_tokens
+                        else None)
+        logits = self.worker.execute_step(step_input) if fused_tokens is None and multi is None else None
         if self.speculator is not None:
             self.speculator.observe_step(step_input, out)   # a draft model runs the same rows (no logits)
         if self.fault_injector is not None:
@@ -335,10 +311,18 @@ class LLMEngine:
         t_forward = time.perf_counter()
         num_samples = len(out.sample_seq_ids)
         beam_step = None
-        if fused_tokens is not None:
+        if multi is not None:
+            (result, process_rows, sampled), sampler_output = multi, None
+            t_sampled = time.perf_counter()
+        elif fused_tokens is not None:
             (sampled, sampler_output), process_rows = fused_tokens, rows
             t_sampled = time.perf_counter()
             result = self.scheduler.update(sampled, None)
+        elif out.num_draft_tokens and self.multi_step is not None:  # placeholders the one call did not take
+            num_samples = len(out.logits_indices)
+            result, process_rows, sampled = self.multi_step.verify(out, logits[:num_samples], rows)
+            sampler_output = None
+            t_sampled = time.perf_counter()
         elif out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)
             num_samples = len(out.logits_indices)   # prompt-logprob rows follow every sample's rows
             result, process_rows, sampled, sampler_output = self.speculator.verify_step(
@@ -370,6 +354,8 @@ class LLMEngine:
             outputs += beam_step.finish()
         if self.speculator is not None:  # drafts for the next step
             self.speculator.propose(process_rows, len(self.registry))
+        if self.multi_step is not None:  # placeholders for the next step's slots
+            self.multi_step.append_placeholders(process_rows, allowed=len(self.beam_search) == 0)
         t_end = time.perf_counter()
         self.last_step_timing = {
             "schedule": t_scheduled - t_start, "forward": t_forward - t_scheduled,

@@ -77,15 +77,33 @@ class ModelRunner:
         take the step: nothing has run then (no noise drawn either), and the caller runs execute() and
         samples. The caller has checked that the rows need nothing else (no beams, grammar, drafts or
         forks) and that no other logits rows are asked for."""
-        if self.lora_manager is not None or self.device.type != "cpu" or step.num_tokens == 0:
-            return None
-        offer = getattr(self.model, "greedy_decoder", None)
-        decoder = offer() if offer is not None else None
+        decoder = self._greedy_decoder() if step.num_tokens else None
         if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache,
                                                 sampling, edits, raw):
             return None
         self.move_blocks(step)
         return decoder(step, self.kv_cache, sampling, edits, raw)
+
+    def _greedy_decoder(self):
+        """The model's one-call decoder as its weights are now, or None (LoRA, a GPU, a model without one)."""
+        if self.lora_manager is not None or self.device.type != "cpu":
+            return None
+        offer = getattr(self.model, "greedy_decoder", None)
+        return offer() if offer is not None else None
+
+    def can_multi_step(self) -> bool:
+        return self._greedy_decoder() is not None
+
+    @torch.inference_mode()
+    def execute_multi_step(self, step: StepInput) -> np.ndarray | None:
+        """Greedy steps in one C++ call over a step of decode-and-placeholder tokens (engine/multi_step.py):
+        int64 [step.num_tokens], or None where the one-call decoder does not take the step (nothing run)."""
+        decoder = self._greedy_decoder()
+        num_seqs = len(step.seq_lens)  # rows of each one-token step
+        if decoder is None or step.num_tokens == 0 or not decoder.takes(num_seqs, num_seqs, self.kv_cache):
+            return None
+        self.move_blocks(step)
+        return decoder.run_steps(step, self.kv_cache)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:

@@ -72,6 +72,17 @@ class Worker(ABC):
         has no such path (the engine then calls execute_step and samples)."""
         return None
 
+    def execute_multi_step(self, step: StepInput) -> np.ndarray | None:
+        """For a step whose sequences are greedy decodes followed by placeholder slots (engine/multi_step.py):
+        block moves, then one decode step per slot, each sequence's token feeding its next -> int64
+        [step.num_tokens], token query_start_loc[s] + i the argmax of sequence s's step i; or None, having
+        run nothing, where the worker has no such path."""
+        return None
+
+    def can_multi_step(self) -> bool:
+        """Whether execute_multi_step runs steps here (checked once, at engine start)."""
+        return False
+
     @abstractmethod
     def memory_report(self) -> MemoryReport:
         """Bytes held: weights, KV cache, swap pool."""
@@ -121,6 +132,12 @@ class InProcessWorker(Worker):
     def execute_fused_step(self, step: StepInput, sampling: RowSampling | None = None,
                            edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         return self.runner.execute_fused(step, sampling, edits, raw)
+
+    def execute_multi_step(self, step: StepInput) -> np.ndarray | None:
+        return self.runner.execute_multi_step(step)
+
+    def can_multi_step(self) -> bool:
+        return self.runner.can_multi_step()
 
     def memory_report(self) -> MemoryReport:
         model = self.runner.model

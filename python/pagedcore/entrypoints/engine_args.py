@@ -58,6 +58,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s config as JSON: \'{"method": "ngram", '
                         '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (docs/speculative-decoding.md)')
+    g.add_argument("--num-scheduler-steps", type=int, default=1,
+                   help="multi-step scheduling (vLLM's flag): greedy decodes run up to N tokens a sequence per "
+                        "scheduler step in one call, streamed N at a time (docs/multi-step.md)")
     dist = parser.add_argument_group("parallelism (docs/distributed.md)")
     dist.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                       help="ranks that split every layer (attention heads, MLP columns, vocabulary); one all-reduce "
@@ -105,6 +108,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs, device=args.device,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
         speculative_config=getattr(args, "speculative_config", None),
+        num_scheduler_steps=getattr(args, "num_scheduler_steps", 1),
         enable_lora=getattr(args, "enable_lora", False), max_loras=getattr(args, "max_loras", 1),
         max_lora_rank=getattr(args, "max_lora_rank", 16), max_cpu_loras=getattr(args, "max_cpu_loras", None),
         gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,

@@ -129,13 +129,7 @@ class GreedyDecode:
                 and (raw is None or (tuple(raw.out.shape) == (len(raw.rows), self.vocab_size)
                                      and len(raw.rows) <= num_rows)))
 
-    def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
-                 edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray:
-        """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
-        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous; sampling: the sampled rows'
-        inputs (None: each row's argmax), whose noise is drawn here; edits: the rows' penalties, logit
-        bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
-        raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
+    def _check_cache(self, kv_cache: torch.Tensor) -> None:
         if not kv_cache.is_contiguous() or kv_cache.dim() != 6 or kv_cache.dtype not in CPU_DTYPE_CODES:
             raise ValueError(f"GreedyDecode: the KV cache must be a contiguous 6-D fp32/bf16 CPU tensor, got "
                              f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
@@ -143,7 +137,26 @@ class GreedyDecode:
         if kv_cache.shape[0] != stack.num_layers or kv_cache.shape[3] != stack.num_kv_heads \
                 or kv_cache.shape[5] != stack.head_dim:
             raise ValueError(f"GreedyDecode: KV cache {tuple(kv_cache.shape)} does not fit the model")
-        args = (stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+
+    def run_steps(self, step, kv_cache: torch.Tensor) -> np.ndarray:
+        """Several greedy decode steps in one call (engine/multi_step.py): step's sequences each hold their
+        next input then placeholders (query_start_loc); -> int64 [step.num_tokens], token
+        query_start_loc[s] + i the argmax of sequence s's step i, as single steps would give it."""
+        self._check_cache(kv_cache)
+        return self._decoder.run_steps(
+            self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+            kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
+            step.query_start_loc, step.max_seq_len)
+
+    def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
+                 edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray:
+        """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
+        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous; sampling: the sampled rows'
+        inputs (None: each row's argmax), whose noise is drawn here; edits: the rows' penalties, logit
+        bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
+        raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
+        self._check_cache(kv_cache)
+        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
         raw_args = {} if raw is None else {"raw_rows": raw.rows, "raw_out": raw.out.numpy()}

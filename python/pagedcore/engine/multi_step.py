@@ -1,0 +1,147 @@
+"""MultiStep: vLLM's num_scheduler_steps for greedy decodes: up to N tokens a sequence in one scheduler
+step and one C++ call, so the Python around a step (schedule, update, outputs: ~0.3-0.6 ms on a 2-core
+CPU, a tenth of a small model's token) is paid once per N tokens.
+
+It rides on the scheduler's draft slots (the machinery of speculative decoding):
+
+    after a step      every running sequence is a plain greedy decode: each gets k = min(N - 1, tokens it
+                      may still produce - 1) placeholder drafts (its last token repeated), append_tokens(draft=True)
+    schedule()        allocates their KV slots and schedules 1 + k tokens a sequence: [a, d1 .. dk]
+    the step          one C++ call (GreedyDecode.run_steps): step i gives each sequence the token step
+                      i - 1 chose, at position and slot i; the placeholders are never read
+    update            set_draft_tokens() names the chosen t1 .. tk as the drafts, so update_accepted() keeps
+                      all 1 + k tokens with their KV; a stop (EOS, stop id, max_tokens) cuts the rest as for
+                      verified drafts, and a stop string ends the request in output processing
+
+Each of those steps is the decode step a single step would run (same kernels, rows and order), so the
+tokens are the single steps' bit for bit (tests/engine/test_multi_step.py).
+
+Before schedule(), the placeholders are removed when the step could not be one call: a request waiting or
+swapped out, too few free blocks for every slot (no preemption mid-step), or the worker without the path.
+If a step still holds drafts the call does not take (the scheduler did something else), its logits rows
+are verified as drafts: each sequence keeps its first row's argmax, the single step's token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedcore import _core
+from pagedcore.engine.output_processor import has_logit_edits
+from pagedcore.ops.argmax import argmax_rows
+
+
+def eligible(seq) -> bool:
+    """A sequence whose steps need nothing but each greedy token: no logit edits, logprobs, grammar or forks."""
+    p = seq.params
+    return (p.temperature == 0 and p.logprobs is None and not has_logit_edits(p) and seq.grammar is None
+            and not seq.request.needs_fork and not seq.finished)
+
+
+class MultiStep:
+    def __init__(self, num_steps: int, scheduler, worker, block_size: int, max_model_len: int,
+                 max_num_batched_tokens: int):
+        self.num_steps = num_steps          # N: tokens a sequence per step, at most
+        self.scheduler = scheduler
+        self.worker = worker
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.pending: dict[int, int] = {}   # seq_id -> placeholder drafts appended for the next step
+        self.multi_steps = 0                # steps run in one call (tests and benchmarks read these)
+        self.verified_steps = 0             # steps whose placeholders were verified as drafts instead
+
+    def before_schedule(self) -> None:
+        """Removes the placeholders when the next step cannot be one call."""
+        if not self.pending:
+            return
+        stats = self.scheduler.stats()
+        blocks_needed = sum(-(-(k + 1) // self.block_size) for k in self.pending.values())
+        if stats.num_waiting == 0 and stats.num_swapped == 0 and stats.num_running == len(self.pending) \
+                and stats.num_free_blocks >= blocks_needed:
+            return
+        self.drop_placeholders()
+
+    def drop_placeholders(self, only_preempted: bool = False) -> None:
+        """Removes the pending placeholders (only_preempted: of sequences a step preempted, which would
+        otherwise carry them into their recomputation or swap-in)."""
+        for seq_id, k in self.pending.items():
+            info = self.scheduler.get_sequence(seq_id)
+            if info is None or info.num_draft_tokens != k or info.status == _core.SeqStatus.FINISHED:
+                continue
+            if not only_preempted or info.status != _core.SeqStatus.RUNNING:
+                self.scheduler.remove_tail_tokens(seq_id, k)
+        self.pending.clear()
+
+    def run(self, out, step_input, rows) -> tuple | None:
+        """A scheduled step holding placeholders, in one call: (result, process_rows, tokens) after update;
+        None when the worker does not take it (nothing has run: the caller runs the forward and verify())."""
+        start = out.logits_start_loc.astype(np.int64)                       # [num_samples + 1]
+        counts = np.diff(start)                                             # [num_samples] 1 + k each
+        qsl = step_input.query_start_loc                                    # [num_seqs + 1]
+        # Every scheduled sequence is sampled and all its tokens are logits rows: decodes and placeholders only.
+        whole = len(rows) == len(step_input.seq_lens) and np.array_equal(np.diff(qsl), counts)
+        tokens = self.worker.execute_multi_step(step_input) if whole else None   # [num_tokens] or None
+        if tokens is None:
+            return None
+        self.multi_steps += 1
+        per_seq = [tokens[qsl[i]:qsl[i + 1]] for i in range(len(rows))]   # [1 + k] each
+        for seq, chosen in zip(rows, per_seq):
+            if len(chosen) > 1:
+                self.scheduler.set_draft_tokens(seq.seq_id, chosen[:-1])
+        result = self.scheduler.update(tokens, None, num_accepted_tokens=counts)
+        return (result, *self._kept(rows, per_seq, result))
+
+    def verify(self, out, logits: torch.Tensor, rows) -> tuple:
+        """A step whose placeholders ran through the forward (logits fp32 [num_logits, V], out.logits_indices
+        order): each sequence keeps its first row's argmax, the token a single step gives (a placeholder
+        equal to it keeps its KV, as a verified draft does). -> (result, process_rows, tokens).
+        before_schedule() lets placeholders into a step only when every running sequence holds them, so
+        every row here is a greedy decode's."""
+        if not all(eligible(s) for s in rows):
+            raise RuntimeError("internal: a multi-step verify step holds a row that is not a plain greedy decode")
+        self.verified_steps += 1
+        first = torch.from_numpy(out.logits_start_loc[:-1].astype(np.int64)).to(logits.device)  # [num_samples]
+        tokens = np.asarray(argmax_rows(logits.index_select(0, first)), dtype=np.int64)          # [num_samples]
+        result = self.scheduler.update(tokens, None, num_accepted_tokens=np.ones(len(rows), dtype=np.int64))
+        return (result, *self._kept(rows, [tokens[i:i + 1] for i in range(len(rows))], result))
+
+    def _kept(self, rows, per_seq, result) -> tuple[list, np.ndarray]:
+        """process_rows and tokens as the scheduler kept them (it drops tokens after a stop)."""
+        finished = set(result.finished_seq_ids.tolist()) if len(result.finished_seq_ids) else set()
+        process_rows, kept = [], []
+        for seq, chosen in zip(rows, per_seq):
+            if seq.seq_id in finished:
+                info = self.scheduler.get_sequence(seq.seq_id)
+                if info is not None:
+                    chosen = chosen[:max(0, info.num_output_tokens - len(seq.output_token_ids))]
+            process_rows.extend([seq] * len(chosen))
+            kept.append(chosen)
+        return process_rows, (np.concatenate(kept) if kept else np.zeros(0, np.int64))
+
+    def append_placeholders(self, process_rows, allowed: bool = True) -> None:
+        """After a step's outputs: placeholders for every running sequence when all are plain greedy decodes
+        (allowed: the engine's own conditions, e.g. no beam search in flight)."""
+        self.drop_placeholders(only_preempted=True)
+        if not allowed:
+            return
+        seqs = list({s.seq_id: s for s in process_rows if not s.finished}.values())
+        if not seqs or not all(eligible(s) for s in seqs):
+            return
+        stats = self.scheduler.stats()
+        if stats.num_waiting or stats.num_swapped or stats.num_running != len(seqs) or not self.worker.can_multi_step():
+            return
+        # Every sequence's 1 + k tokens fit the step's token budget (else some would wait a step).
+        most = min(self.num_steps, self.max_num_batched_tokens // len(seqs)) - 1
+        for seq in seqs:
+            num_output = len(seq.output_token_ids)
+            num_tokens = len(seq.request.prompt_token_ids) + num_output
+            k = most
+            if seq.params.max_tokens is not None:
+                k = min(k, seq.params.max_tokens - num_output - 1)   # tokens past max_tokens are never kept
+            k = min(k, self.max_model_len - num_tokens - 1)
+            if k > 0:
+                self.scheduler.append_tokens(seq.seq_id, np.full(k, seq.output_token_ids[-1], dtype=np.int64),
+                                             draft=True)
+                self.pending[seq.seq_id] = k
