@@ -9,6 +9,8 @@ a decode step's time goes, op by op.
                       # engine tok/s against the copy-bandwidth floor probed just before each run
     .venv/bin/python bench/bench_decode.py --dtype auto bfloat16 float32 --same-bytes-floor 3
                       # each decode step against a read of as many bytes, right after it
+    .venv/bin/python bench/bench_decode.py --dtype auto --same-bytes-floor 3 --num-scheduler-steps 8
+                      # the same with multi-step scheduling (8 tokens a step, one C++ call)
 
 Sections:
   floor      weight bytes a decode step must read (every linear layer + the tied lm_head; norms and
@@ -277,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--interleaved-floor", type=int, default=0, metavar="ROUNDS",
                     help="only: ROUNDS of (copy-bandwidth probe, one engine request), each round's "
                          "tok/s against the floor probed just before it")
+    ap.add_argument("--num-scheduler-steps", type=int, default=1,
+                    help="--same-bytes-floor: the engine's multi-step scheduling (tokens a step)")
     ap.add_argument("--same-bytes-floor", type=int, default=0, metavar="ROUNDS",
                     help="only: ROUNDS requests, each decode step followed by a read of as many bytes as "
                          "its weights; the median per-step ratio read / token is the % of the floor")
@@ -305,7 +309,8 @@ def main(argv=None) -> int:
               f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
         if args.same_bytes_floor:
-            res = engine_against_same_bytes(loaded, wb["total"], args.same_bytes_floor, 64, args.output_len)
+            res = engine_against_same_bytes(loaded, wb["total"], args.same_bytes_floor, 64, args.output_len,
+                                            args.num_scheduler_steps)
             entry["same_bytes_floor"] = res
             print(f"{res['steps']} steps: token {res['token_ms']:.2f} ms, the same bytes read in "
                   f"{res['read_ms']:.2f} ms "

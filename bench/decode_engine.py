@@ -11,12 +11,12 @@ import time
 import torch
 
 
-def _engine(loaded):
+def _engine(loaded, num_scheduler_steps: int = 1):
     from pagedcore.config import EngineConfig
     from pagedcore.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
-                     loaded=loaded)
+    return LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB",
+                                  num_scheduler_steps=num_scheduler_steps), loaded=loaded)
 
 
 def _one_request(engine, loaded, g, request_id: str, prompt_len: int, output_len: int):
@@ -72,17 +72,20 @@ def engine_against_floor(loaded, weight_bytes: int, rounds: int, prompt_len: int
     return {"rounds": out, "median_of_floor": statistics.median(x["of_floor"] for x in out)}
 
 
-def engine_against_same_bytes(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int) -> dict:
+def engine_against_same_bytes(loaded, weight_bytes: int, rounds: int, prompt_len: int, output_len: int,
+                              num_scheduler_steps: int = 1) -> dict:
     """Each decode step of `rounds` requests, followed at once by one read of as many bytes as the
     token's weights (a buffer of that size, streamed by _core.linear_read_probe on the kernels'
     threads): the floor measured within milliseconds of the token it divides, step by step. The copy
     probe of engine_against_floor is a 512 MB torch copy seconds apart from the run; on the Zen 4 VM
     (2026-12-03) the machine's bandwidth moved by tens of percent between such probes, so only a ratio
     taken step by step means anything there. Also splits each token into the C++ call (the one-call
-    step's own timer) and the rest (Python: scheduling, inputs, outputs)."""
+    step's own timer) and the rest (Python: scheduling, inputs, outputs). With num_scheduler_steps > 1 a
+    step yields several tokens: the read is repeated once per token (the bytes exceed the caches) and
+    the step's times are divided by its tokens."""
     from pagedcore import _core
 
-    engine = _engine(loaded)
+    engine = _engine(loaded, num_scheduler_steps)
     probe = torch.ones(weight_bytes // 4)  # fp32 ones: no denormals in the read loop's sums
     model = loaded.model
     offer = getattr(model, "greedy_decoder", None)
@@ -99,14 +102,16 @@ def engine_against_same_bytes(loaded, weight_bytes: int, rounds: int, prompt_len
             decoder.take_seconds()
         while engine.has_unfinished_requests():
             t0 = time.perf_counter()
-            engine.step()
-            token = time.perf_counter() - t0
+            outs = engine.step()
+            step = time.perf_counter() - t0
             in_call = sum(decoder.take_seconds()) if decoder is not None else float("nan")
+            n = sum(len(o.outputs[0].token_ids) for o in outs)  # tokens this step (delta outputs)
             t1 = time.perf_counter()
-            _core.linear_read_probe(probe.data_ptr(), probe.nbytes, 0)
+            for _ in range(n):
+                _core.linear_read_probe(probe.data_ptr(), probe.nbytes, 0)
             read = time.perf_counter() - t1
-            if r > 0:
-                steps.append((token, read, in_call))
+            if r > 0 and n:
+                steps.append((step / n, read / n, in_call / n))
         if decoder is not None:
             decoder.set_timing(False)
     med = statistics.median
