@@ -11,15 +11,18 @@ def main():
     p = parser(__doc__, sampling=True)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--num-scheduler-steps", type=int, default=1, help="multi-step scheduling (docs/multi-step.md)")
     args = p.parse_args()
     t0 = time.perf_counter()
     from pagedcore import LLM, SamplingParams
     # q4_1: the GGUF's blocks as stored (dtype "auto"), the format llama.cpp runs the file in.
     llm = LLM(model=args.model, dtype="auto" if args.dtype == "q4_1" else args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
+              max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
+              num_scheduler_steps=args.num_scheduler_steps)
     startup = time.perf_counter() - t0
     run_offline_llm(llm, SamplingParams, args,
-                    {"engine": "pagedcore", "dtype": args.dtype, "mode": args.mode, "startup_seconds": startup})
+                    {"engine": "pagedcore", "dtype": args.dtype, "mode": args.mode, "startup_seconds": startup,
+                     "num_scheduler_steps": args.num_scheduler_steps})
 
 
 if __name__ == "__main__":
