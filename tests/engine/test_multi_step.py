@@ -13,19 +13,10 @@ from pagedcore.config import EngineConfig
 from pagedcore.engine.llm_engine import LLMEngine
 from pagedcore.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
+from tests.engine.test_engine_vs_hf import SETTINGS   # every scheduling setting the HF test holds
 
 MAX_TOKENS = 30
 STEPS = 4
-
-SETTINGS = {
-    "default": dict(),
-    "no_prefix_caching": dict(enable_prefix_caching=False),
-    "chunked_prefill": dict(max_num_batched_tokens=16),
-    "two_seqs_block_8": dict(block_size=8, max_num_seqs=2),
-    "preempt_recompute": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64),
-    "preempt_swap": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64, preemption_mode="swap",
-                         swap_space="64MiB"),
-}
 
 
 @pytest.fixture(scope="module")
