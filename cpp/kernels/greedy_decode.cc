@@ -183,6 +183,7 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     }
     num_steps = std::max(num_steps, q_len);
   }
+  step_seqs_.resize(S);
   step_ids_.resize(S);
   step_positions_.resize(S);
   step_slots_.resize(S);
@@ -191,18 +192,19 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
   step_seq_lens_.resize(S);
   step_query_start_.resize(S + 1);
   step_tables_.resize(S * B);
+  for (int64_t r = 0; r < S; ++r) step_rows_[r] = r;  // every row of a one-token step is sampled, in order
   for (int64_t i = 0; i < num_steps; ++i) {
     // The sequences still stepping, in order: n of them, one token each.
     int64_t n = 0, max_seq_len = 0;
     for (int64_t s = 0; s < S; ++s) {
       const int64_t begin = qsl[s];
       if (qsl[s + 1] - begin <= i) continue;
+      step_seqs_[n] = s;
       step_ids_[n] = i == 0 ? input_ids[begin] : tokens[begin + i - 1];
       step_positions_[n] = positions[begin + i];
       step_slots_[n] = step.slot_mapping[begin + i];
       step_seq_lens_[n] = static_cast<int32_t>(positions[begin + i] + 1);
       step_query_start_[n] = static_cast<int32_t>(n);
-      step_rows_[n] = n;
       max_seq_len = std::max<int64_t>(max_seq_len, step_seq_lens_[n]);
       ++n;
     }
@@ -217,9 +219,8 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     // The step's own table while every sequence steps; after one stops, the rows of those still stepping.
     one.block_tables = step.block_tables;
     if (n != S) {
-      for (int64_t s = 0, j = 0; s < S; ++s)
-        if (qsl[s + 1] - qsl[s] > i)
-          std::memcpy(step_tables_.data() + (j++) * B, step.block_tables + s * B, B * sizeof(int32_t));
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(step_tables_.data() + j * B, step.block_tables + step_seqs_[j] * B, B * sizeof(int32_t));
       one.block_tables = step_tables_.data();
     }
     one.max_query_len = 1;
@@ -227,8 +228,7 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     const Status st = run(stack, one, step_ids_.data(), step_positions_.data(), step_rows_.data(), n,
                           step_tokens_.data());
     if (!st.is_ok()) return st;
-    for (int64_t s = 0, j = 0; s < S; ++s)
-      if (qsl[s + 1] - qsl[s] > i) tokens[qsl[s] + i] = step_tokens_[j++];
+    for (int64_t j = 0; j < n; ++j) tokens[qsl[step_seqs_[j]] + i] = step_tokens_[j];
   }
   return Status::ok();
 }

@@ -84,8 +84,8 @@ struct GreedyDecoder {
                    const int64_t* positions, int64_t* tokens);
 
  private:
-  // run_steps' per-step arrays, for the sequences still stepping.
-  std::vector<int64_t> step_ids_, step_positions_, step_slots_, step_rows_, step_tokens_;
+  // run_steps' per-step arrays, for the sequences still stepping (step_seqs_: their indices in the call).
+  std::vector<int64_t> step_seqs_, step_ids_, step_positions_, step_slots_, step_rows_, step_tokens_;
   std::vector<int32_t> step_seq_lens_, step_query_start_, step_tables_;
 };
 

@@ -292,7 +292,8 @@ Status paged_attention(const PagedAttentionParams& p, Isa isa) {
   const AttentionPartials partials{ws.partial_m.data(), ws.partial_l.data(), ws.partial_acc.data()};
 
   // A partitioned tile is merged by the thread that finishes its last partition, in the same region
-  // (a second parallel region for the merges cost a fork and a join: ~1.5 us a call at decode).
+  // (a second parallel region for the merges cost a fork and a join; with the balancing below, warm
+  // decode calls at batch 1 got 4-12% faster on the Zen 4: bench/RESULTS.md, 2026-12-03 13:40).
   ws.partitions_done.assign(ws.tiles.size(), 0);
   const AttentionWorkItem* items = ws.sorted.data();
   const PartitionedTile* tiles = ws.tiles.data();

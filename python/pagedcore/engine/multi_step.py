@@ -49,6 +49,7 @@ class MultiStep:
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pending: dict[int, int] = {}   # seq_id -> placeholder drafts appended for the next step
+        self.preemptions_seen = 0           # the scheduler's preemption count when they were appended
         self.multi_steps = 0                # steps run in one call (tests and benchmarks read these)
         self.verified_steps = 0             # steps whose placeholders were verified as drafts instead
 
@@ -123,13 +124,16 @@ class MultiStep:
     def append_placeholders(self, process_rows, allowed: bool = True) -> None:
         """After a step's outputs: placeholders for every running sequence when all are plain greedy decodes
         (allowed: the engine's own conditions, e.g. no beam search in flight)."""
-        self.drop_placeholders(only_preempted=True)
+        stats = self.scheduler.stats()
+        if self.pending and stats.num_preemptions != self.preemptions_seen:
+            self.drop_placeholders(only_preempted=True)   # (looks each pending sequence up: only after a preemption)
+        self.pending.clear()
+        self.preemptions_seen = stats.num_preemptions
         if not allowed:
             return
         seqs = list({s.seq_id: s for s in process_rows if not s.finished}.values())
         if not seqs or not all(eligible(s) for s in seqs):
             return
-        stats = self.scheduler.stats()
         if stats.num_waiting or stats.num_swapped or stats.num_running != len(seqs) or not self.worker.can_multi_step():
             return
         # Every sequence's 1 + k tokens fit the step's token budget (else some would wait a step).
