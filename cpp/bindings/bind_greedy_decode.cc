@@ -62,6 +62,43 @@ kernels::DecoderStackParams step_params(const Array<int64_t>& input_ids, const A
   return step;
 }
 
+// Sampling inputs (pagedcore.sampling.row_sampling.RowSampling), all or none: temperature, top_k, top_p,
+// min_p of num_rows entries and noise [noise_rows, noise_width]; the arrays stay referenced here.
+struct SamplingArgs {
+  Array<float> temperature, top_p, min_p, noise;
+  Array<int64_t> top_k;
+  kernels::SampleRowsParams params;
+  bool given = false;
+
+  SamplingArgs(const char* fn, const py::object& temperature_o, const py::object& top_k_o,
+               const py::object& top_p_o, const py::object& min_p_o, const py::object& noise_o, int64_t num_rows,
+               int64_t noise_rows, const char* noise_rows_name) {
+    given = !temperature_o.is_none();
+    if (given != !top_k_o.is_none() || given != !top_p_o.is_none() || given != !min_p_o.is_none() ||
+        given != !noise_o.is_none())
+      throw py::value_error(std::string(fn) + ": temperature, top_k, top_p, min_p and noise come together");
+    if (!given) return;
+    temperature = temperature_o.cast<Array<float>>();
+    top_k = top_k_o.cast<Array<int64_t>>();
+    top_p = top_p_o.cast<Array<float>>();
+    min_p = min_p_o.cast<Array<float>>();
+    noise = noise_o.cast<Array<float>>();
+    expect_1d(temperature, "temperature", num_rows);
+    expect_1d(top_k, "top_k", num_rows);
+    expect_1d(top_p, "top_p", num_rows);
+    expect_1d(min_p, "min_p", num_rows);
+    if (noise.ndim() != 2 || noise.shape(0) != noise_rows)
+      throw py::value_error(std::string(fn) + ": noise must be [" + noise_rows_name + ", noise_width]");
+    params.temperature = temperature.data();
+    params.top_k = top_k.data();
+    params.top_p = top_p.data();
+    params.min_p = min_p.data();
+    params.noise = noise.data();
+    params.noise_width = noise.shape(1);
+  }
+  const kernels::SampleRowsParams* get() const { return given ? &params : nullptr; }
+};
+
 }  // namespace
 
 void bind_greedy_decode(py::module_& m) {
@@ -103,33 +140,8 @@ void bind_greedy_decode(py::module_& m) {
                             block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len);
             expect_1d(logits_indices, "logits_indices", -1);
             const int64_t num_rows = logits_indices.shape(0);
-            // Sampling inputs (pagedcore.sampling.row_sampling.RowSampling): all or none.
-            const bool sampled = !temperature.is_none();
-            if (sampled != !top_k.is_none() || sampled != !top_p.is_none() || sampled != !min_p.is_none() ||
-                sampled != !noise.is_none())
-              throw py::value_error("GreedyDecoder.run: temperature, top_k, top_p, min_p and noise come together");
-            kernels::SampleRowsParams sampling;
-            Array<float> temperature_a, top_p_a, min_p_a, noise_a;
-            Array<int64_t> top_k_a;
-            if (sampled) {
-              temperature_a = temperature.cast<Array<float>>();
-              top_k_a = top_k.cast<Array<int64_t>>();
-              top_p_a = top_p.cast<Array<float>>();
-              min_p_a = min_p.cast<Array<float>>();
-              noise_a = noise.cast<Array<float>>();
-              expect_1d(temperature_a, "temperature", num_rows);
-              expect_1d(top_k_a, "top_k", num_rows);
-              expect_1d(top_p_a, "top_p", num_rows);
-              expect_1d(min_p_a, "min_p", num_rows);
-              if (noise_a.ndim() != 2 || noise_a.shape(0) != num_rows)
-                throw py::value_error("GreedyDecoder.run: noise must be [len(logits_indices), noise_width]");
-              sampling.temperature = temperature_a.data();
-              sampling.top_k = top_k_a.data();
-              sampling.top_p = top_p_a.data();
-              sampling.min_p = min_p_a.data();
-              sampling.noise = noise_a.data();
-              sampling.noise_width = noise_a.shape(1);
-            }
+            const SamplingArgs sampling("GreedyDecoder.run", temperature, top_k, top_p, min_p, noise, num_rows,
+                                        num_rows, "len(logits_indices)");
             std::optional<LogitEditsArg> edits_arg;
             if (!edits.is_none()) edits_arg.emplace(edits, num_rows);
             // Raw logits rows (logprobs): the indices and a [len(raw_rows), vocab] float32 output, together.
@@ -155,7 +167,7 @@ void bind_greedy_decode(py::module_& m) {
             {
               py::gil_scoped_release release;
               status = g.run(stack, step, input_ids.data(), positions.data(), logits_indices.data(), num_rows,
-                             tokens.mutable_data(), sampled ? &sampling : nullptr,
+                             tokens.mutable_data(), sampling.get(),
                              edits_arg ? &edits_arg->params() : nullptr, num_raw ? raw_rows_a.data() : nullptr,
                              num_raw, num_raw ? raw_out_a.mutable_data() : nullptr);
             }
@@ -179,25 +191,34 @@ void bind_greedy_decode(py::module_& m) {
           [](kernels::GreedyDecoder& g, kernels::DecoderStack& stack, const Array<int64_t>& input_ids,
              const Array<int64_t>& positions, uintptr_t kv_cache, int32_t cache_dtype, int64_t num_blocks,
              int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
-             const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len) {
+             const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len,
+             const py::object& temperature, const py::object& top_k, const py::object& top_p,
+             const py::object& min_p, const py::object& noise) {
             const kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
                             block_tables, seq_lens, query_start_loc, -1, max_seq_len);
+            // A sequence's sampling values, a token's noise row (greedy_decode.h run_steps).
+            const SamplingArgs sampling("GreedyDecoder.run_steps", temperature, top_k, top_p, min_p, noise,
+                                        step.num_seqs, step.num_tokens, "num_tokens");
             py::array_t<int64_t> tokens(step.num_tokens);  // [num_tokens]
             kernels::Status status;
             {
               py::gil_scoped_release release;
-              status = g.run_steps(stack, step, input_ids.data(), positions.data(), tokens.mutable_data());
+              status = g.run_steps(stack, step, input_ids.data(), positions.data(), tokens.mutable_data(),
+                                   sampling.get());
             }
             raise_if_error(status);
             return tokens;
           },
           py::arg("stack"), py::arg("input_ids"), py::arg("positions"), py::arg("kv_cache"), py::arg("cache_dtype"),
           py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
-          py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_seq_len"),
-          "Several greedy decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
-          "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the argmax of "
-          "sequence s's step i (the tokens single steps would give).")
+          py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_seq_len"), py::kw_only(),
+          py::arg("temperature") = py::none(), py::arg("top_k") = py::none(), py::arg("top_p") = py::none(),
+          py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
+          "Several decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
+          "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the token of "
+          "sequence s's step i (the tokens single steps would give): its argmax, or with temperature, top_k, "
+          "top_p, min_p (a sequence each) and noise [num_tokens, noise_width] (a token each), sample_rows'.")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(
           "seconds",

@@ -153,7 +153,7 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
 }
 
 Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
-                                const int64_t* positions, int64_t* tokens) {
+                                const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling) {
   const int64_t T = step.num_tokens, S = step.num_seqs, B = step.max_blocks_per_seq;
   if (T <= 0 || S <= 0)
     return Status::invalid("greedy_decode: run_steps of " + str(T) + " tokens, " + str(S) + " sequences");
@@ -183,6 +183,22 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     }
     num_steps = std::max(num_steps, q_len);
   }
+  const int64_t W = sampling ? sampling->noise_width : 0;
+  if (W < 0) return Status::invalid("greedy_decode: run_steps: a noise width of " + str(W));
+  if (sampling) {  // every sequence's values, checked before the first step writes the cache
+    SampleRowsParams all = *sampling;
+    all.num_rows = S;
+    all.vocab = all.row_stride = head.params.N;
+    all.logits = nullptr;
+    all.out = tokens;
+    const Status checked = check_sample_inputs(all);
+    if (!checked.is_ok()) return checked;
+    step_temperature_.resize(S);
+    step_top_k_.resize(S);
+    step_top_p_.resize(S);
+    step_min_p_.resize(S);
+    step_noise_.resize(S * W);
+  }
   step_seqs_.resize(S);
   step_ids_.resize(S);
   step_positions_.resize(S);
@@ -206,6 +222,14 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
       step_seq_lens_[n] = static_cast<int32_t>(positions[begin + i] + 1);
       step_query_start_[n] = static_cast<int32_t>(n);
       max_seq_len = std::max<int64_t>(max_seq_len, step_seq_lens_[n]);
+      if (sampling) {  // the sequence's values and its noise row for step i
+        step_temperature_[n] = sampling->temperature[s];
+        step_top_k_[n] = sampling->top_k[s];
+        step_top_p_[n] = sampling->top_p[s];
+        step_min_p_[n] = sampling->min_p[s];
+        if (W > 0 && sampling->noise)  // (all-greedy sequences may come without noise)
+          std::memcpy(step_noise_.data() + n * W, sampling->noise + (begin + i) * W, W * sizeof(float));
+      }
       ++n;
     }
     step_query_start_[n] = static_cast<int32_t>(n);
@@ -225,8 +249,17 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     }
     one.max_query_len = 1;
     one.max_seq_len = max_seq_len;
+    SampleRowsParams rows;
+    if (sampling) {
+      rows = *sampling;
+      rows.temperature = step_temperature_.data();
+      rows.top_k = step_top_k_.data();
+      rows.top_p = step_top_p_.data();
+      rows.min_p = step_min_p_.data();
+      rows.noise = step_noise_.data();
+    }
     const Status st = run(stack, one, step_ids_.data(), step_positions_.data(), step_rows_.data(), n,
-                          step_tokens_.data());
+                          step_tokens_.data(), sampling ? &rows : nullptr);
     if (!st.is_ok()) return st;
     for (int64_t j = 0; j < n; ++j) tokens[qsl[step_seqs_[j]] + i] = step_tokens_[j];
   }

@@ -79,14 +79,19 @@ struct GreedyDecoder {
   // chose for it (i = 0: input_ids[query_start_loc[s]]) at its i-th position and slot, and writes that
   // step's argmax to tokens[query_start_loc[s] + i] (tokens [num_tokens]). Each is the decode step
   // run() would run for those sequences, so the tokens are those of single steps, bit for bit. Every
-  // index is checked before the first step writes the cache.
+  // index is checked before the first step writes the cache. sampling: null for each step's argmax, else
+  // each SEQUENCE's temperature, top_k, top_p and min_p [num_seqs] and one noise row per TOKEN
+  // (noise [num_tokens, noise_width]: row query_start_loc[s] + i is sequence s's step i, drawn as a
+  // single step i would draw it); each step's rows then go through sample_rows (temperature 0: argmax).
   Status run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
-                   const int64_t* positions, int64_t* tokens);
+                   const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling = nullptr);
 
  private:
   // run_steps' per-step arrays, for the sequences still stepping (step_seqs_: their indices in the call).
   std::vector<int64_t> step_seqs_, step_ids_, step_positions_, step_slots_, step_rows_, step_tokens_;
   std::vector<int32_t> step_seq_lens_, step_query_start_, step_tables_;
+  std::vector<float> step_temperature_, step_top_p_, step_min_p_, step_noise_;  // sampled steps' rows
+  std::vector<int64_t> step_top_k_;
 };
 
 }  // namespace kernels

@@ -367,4 +367,71 @@ TEST(run_steps_equals_single_decode_steps) {
   CHECK(cache_a == before);
 }
 
+TEST(run_steps_samples_as_single_steps) {
+  // As above, sequence 0 sampled (temperature 0.8, top-p 0.9) over 4 steps and sequence 1 greedy over 2; a
+  // token's noise row is its step's: single steps given the same rows give the same tokens and cache.
+  TinyModel m;
+  std::vector<float> cache_a = empty_cache(), cache_b = empty_cache();
+  const Step prefill({{0, 3}, {0, 5}}, 11);
+  const std::vector<int64_t> last_rows = {2, 7};
+  const std::vector<int64_t> first = run(m, prefill, cache_a, last_rows);
+  run(m, prefill, cache_b, last_rows);
+  const int64_t W = sample_noise_width(V);
+  std::mt19937 rng(5);
+  std::exponential_distribution<float> exponential(1.0f);
+  std::vector<float> noise(6 * W);  // [num_tokens, W]: sequence 0's steps at rows 0-3, sequence 1's at 4-5
+  for (float& x : noise) x = exponential(rng);
+  const std::vector<float> temperature = {0.8f, 0.0f}, top_p = {0.9f, 1.0f}, min_p = {0.0f, 0.0f};
+  const std::vector<int64_t> top_k = {V, V};
+  SampleRowsParams sampling;
+  sampling.temperature = temperature.data();
+  sampling.top_k = top_k.data();
+  sampling.top_p = top_p.data();
+  sampling.min_p = min_p.data();
+  sampling.noise = noise.data();
+  sampling.noise_width = W;
+  Step multi({{3, 4}, {5, 2}}, 1);
+  multi.input_ids = {first[0], V - 1, V - 1, V - 1, first[1], V - 1};
+  std::vector<int64_t> tokens(multi.input_ids.size(), -1);
+  CHECK(m.decoder.run_steps(m.stack, multi.params(cache_a), multi.input_ids.data(), multi.positions.data(),
+                            tokens.data(), &sampling).is_ok());
+  std::vector<int64_t> next = first, single;
+  for (int64_t i = 0; i < 4; ++i) {
+    std::vector<std::pair<int64_t, int64_t>> seqs = {{3 + i, 1}};
+    if (i < 2) seqs.push_back({5 + i, 1});
+    Step one(seqs, 0);
+    one.input_ids.assign(next.begin(), next.begin() + static_cast<int64_t>(seqs.size()));
+    const int64_t n = static_cast<int64_t>(seqs.size());
+    std::vector<float> step_noise(noise.begin() + i * W, noise.begin() + (i + 1) * W);  // sequence 0, step i
+    if (n == 2) step_noise.insert(step_noise.end(), noise.begin() + (4 + i) * W, noise.begin() + (5 + i) * W);
+    SampleRowsParams rows_sampling = sampling;
+    rows_sampling.noise = step_noise.data();
+    const std::vector<int64_t> rows = n == 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0};
+    next = run(m, one, cache_b, rows, nullptr, &rows_sampling);
+    single.push_back(next[0]);
+    if (n == 2) single.push_back(next[1]);
+  }
+  CHECK(tokens[0] == single[0] && tokens[4] == single[1] && tokens[1] == single[2] && tokens[5] == single[3]);
+  CHECK(tokens[2] == single[4] && tokens[3] == single[5]);
+  CHECK(cache_a == cache_b);
+  // The greedy sequence's tokens are its argmaxes: the same as run_steps without sampling.
+  std::vector<float> cache_c = empty_cache();
+  run(m, prefill, cache_c, last_rows);
+  std::vector<int64_t> greedy(multi.input_ids.size(), -1);
+  CHECK(m.decoder.run_steps(m.stack, multi.params(cache_c), multi.input_ids.data(), multi.positions.data(),
+                            greedy.data()).is_ok());
+  CHECK(greedy[4] == tokens[4] && greedy[5] == tokens[5]);
+  CHECK(!std::equal(greedy.begin(), greedy.begin() + 4, tokens.begin()));  // and the sampled one's were drawn
+  // A bad sampling value of a sequence is refused before the cache is written.
+  const std::vector<float> before = cache_a;
+  const std::vector<float> bad_top_p = {1.5f, 1.0f};
+  SampleRowsParams bad = sampling;
+  bad.top_p = bad_top_p.data();
+  Step again({{7, 2}, {7, 1}}, 1);
+  const Status st = m.decoder.run_steps(m.stack, again.params(cache_a), again.input_ids.data(),
+                                        again.positions.data(), tokens.data(), &bad);
+  CHECK(!st.is_ok() && st.message.find("top_p") != std::string::npos);
+  CHECK(cache_a == before);
+}
+
 int main() { return pagedcore_test::run_all(); }

@@ -161,11 +161,11 @@ class LLMEngine:
                 self.draft.bind(worker.runner.kv_cache, num_blocks, num_cpu_blocks, self.scheduler)
             self.speculator = Speculator(config.speculative_config, self.scheduler, self.output_processor,
                                          config.max_model_len, config.max_num_batched_tokens, draft=self.draft)
-        # vLLM's num_scheduler_steps: greedy decodes run up to N tokens a step in one call (engine/multi_step.py).
+        # vLLM's num_scheduler_steps: plain decodes run up to N tokens a step in one call (engine/multi_step.py).
         self.multi_step = None
         if config.num_scheduler_steps > 1:
             self.multi_step = MultiStep(config.num_scheduler_steps, self.scheduler, worker, config.block_size,
-                                        config.max_model_len, config.max_num_batched_tokens)
+                                        config.max_model_len, config.max_num_batched_tokens, mc.vocab_size)
             if not worker.can_multi_step():
                 logger.warning("num_scheduler_steps=%d: this model and worker have no one-call decode path "
                                "(a GPU, LoRA, a parallel model or a layer the C++ stack does not run); every "

@@ -1,10 +1,11 @@
-"""MultiStep: vLLM's num_scheduler_steps for greedy decodes: up to N tokens a sequence in one scheduler
-step and one C++ call, so the Python around a step (schedule, update, outputs: ~0.3-0.6 ms on a 2-core
-CPU, a tenth of a small model's token) is paid once per N tokens.
+"""MultiStep: vLLM's num_scheduler_steps for plain decodes (greedy, or sampled by temperature / top-k /
+top-p / min-p): up to N tokens a sequence in one scheduler step and one C++ call, so the Python around a
+step (schedule, update, outputs: ~0.3-0.6 ms on a 2-core CPU, a tenth of a small model's token) is paid
+once per N tokens.
 
 It rides on the scheduler's draft slots (the machinery of speculative decoding):
 
-    after a step      every running sequence is a plain greedy decode: each gets k = min(N - 1, tokens it
+    after a step      every running sequence is a plain decode: each gets k = min(N - 1, tokens it
                       may still produce - 1) placeholder drafts (its last token repeated), append_tokens(draft=True)
     schedule()        allocates their KV slots and schedules 1 + k tokens a sequence: [a, d1 .. dk]
     the step          one C++ call (GreedyDecode.run_steps): step i gives each sequence the token step
@@ -14,12 +15,17 @@ It rides on the scheduler's draft slots (the machinery of speculative decoding):
                       verified drafts, and a stop string ends the request in output processing
 
 Each of those steps is the decode step a single step would run (same kernels, rows and order), so the
-tokens are the single steps' bit for bit (tests/engine/test_multi_step.py).
+tokens are the single steps' bit for bit (tests/engine/test_multi_step.py). A sampled row's noise for
+step i is drawn as single step i would draw it (RowSampling.draw_step_noise): seeded requests give the
+single steps' tokens always; unseeded ones (torch's global generator) too, unless a sequence stops
+(EOS, a stop id) before its last step of a multi-step: then the later global draws shift (a different
+but equally distributed sample, as any change of batch gives).
 
 Before schedule(), the placeholders are removed when the step could not be one call: a request waiting or
 swapped out, too few free blocks for every slot (no preemption mid-step), or the worker without the path.
 If a step still holds drafts the call does not take (the scheduler did something else), its logits rows
-are verified as drafts: each sequence keeps its first row's argmax, the single step's token.
+are verified as drafts: each sequence keeps its first row's token (argmax, or sampled as a single step
+samples it).
 """
 
 from __future__ import annotations
@@ -29,20 +35,31 @@ import torch
 
 from pagedcore import _core
 from pagedcore.engine.output_processor import has_logit_edits
+from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.ops.argmax import argmax_rows
+from pagedcore.sampling.row_sampling import RowSampling
 
 
 def eligible(seq) -> bool:
-    """A sequence whose steps need nothing but each greedy token: no logit edits, logprobs, grammar or forks."""
+    """A sequence whose steps need nothing but each token, greedy or sampled by the C++ sampler (temperature,
+    top-k, top-p, min-p): no logit edits, logprobs, grammar or forks."""
     p = seq.params
-    return (p.temperature == 0 and p.logprobs is None and not has_logit_edits(p) and seq.grammar is None
-            and not seq.request.needs_fork and not seq.finished)
+    return ((p.temperature == 0 or cpu_sampler.enabled()) and p.logprobs is None and not has_logit_edits(p)
+            and seq.grammar is None and not seq.request.needs_fork and not seq.finished)
+
+
+def row_sampling(rows, vocab_size: int) -> RowSampling | None:
+    """The rows' sampling inputs (a row a sequence), or None when every row is greedy."""
+    if all(s.params.temperature == 0 for s in rows):
+        return None
+    return RowSampling.from_params([s.params for s in rows], [s.generator for s in rows], vocab_size)
 
 
 class MultiStep:
     def __init__(self, num_steps: int, scheduler, worker, block_size: int, max_model_len: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, vocab_size: int):
         self.num_steps = num_steps          # N: tokens a sequence per step, at most
+        self.vocab_size = vocab_size
         self.scheduler = scheduler
         self.worker = worker
         self.block_size = block_size
@@ -83,7 +100,8 @@ class MultiStep:
         qsl = step_input.query_start_loc                                    # [num_seqs + 1]
         # Every scheduled sequence is sampled and all its tokens are logits rows: decodes and placeholders only.
         whole = len(rows) == len(step_input.seq_lens) and np.array_equal(np.diff(qsl), counts)
-        tokens = self.worker.execute_multi_step(step_input) if whole else None   # [num_tokens] or None
+        tokens = (self.worker.execute_multi_step(step_input, row_sampling(rows, self.vocab_size))
+                  if whole else None)                                       # [num_tokens] or None
         if tokens is None:
             return None
         self.multi_steps += 1
@@ -96,15 +114,20 @@ class MultiStep:
 
     def verify(self, out, logits: torch.Tensor, rows) -> tuple:
         """A step whose placeholders ran through the forward (logits fp32 [num_logits, V], out.logits_indices
-        order): each sequence keeps its first row's argmax, the token a single step gives (a placeholder
-        equal to it keeps its KV, as a verified draft does). -> (result, process_rows, tokens).
-        before_schedule() lets placeholders into a step only when every running sequence holds them, so
-        every row here is a greedy decode's."""
+        order): each sequence keeps its first row's token, the one a single step gives (its argmax, or
+        sampled with a single step's noise; a placeholder equal to it keeps its KV, as a verified draft
+        does). -> (result, process_rows, tokens). before_schedule() lets placeholders into a step only when
+        every running sequence holds them, so every row here is a plain decode's."""
         if not all(eligible(s) for s in rows):
-            raise RuntimeError("internal: a multi-step verify step holds a row that is not a plain greedy decode")
+            raise RuntimeError("internal: a multi-step verify step holds a row that is not a plain decode")
         self.verified_steps += 1
         first = torch.from_numpy(out.logits_start_loc[:-1].astype(np.int64)).to(logits.device)  # [num_samples]
-        tokens = np.asarray(argmax_rows(logits.index_select(0, first)), dtype=np.int64)          # [num_samples]
+        first_logits = logits.index_select(0, first)                                             # [num_samples, V]
+        sampling = row_sampling(rows, first_logits.shape[1])
+        if sampling is None:
+            tokens = np.asarray(argmax_rows(first_logits), dtype=np.int64)                       # [num_samples]
+        else:
+            tokens = cpu_sampler.sample_rows(first_logits.float().contiguous(), sampling)        # [num_samples]
         result = self.scheduler.update(tokens, None, num_accepted_tokens=np.ones(len(rows), dtype=np.int64))
         return (result, *self._kept(rows, [tokens[i:i + 1] for i in range(len(rows))], result))
 
@@ -122,7 +145,7 @@ class MultiStep:
         return process_rows, (np.concatenate(kept) if kept else np.zeros(0, np.int64))
 
     def append_placeholders(self, process_rows, allowed: bool = True) -> None:
-        """After a step's outputs: placeholders for every running sequence when all are plain greedy decodes
+        """After a step's outputs: placeholders for every running sequence when all are plain decodes
         (allowed: the engine's own conditions, e.g. no beam search in flight)."""
         stats = self.scheduler.stats()
         if self.pending and stats.num_preemptions != self.preemptions_seen:

@@ -72,11 +72,12 @@ class Worker(ABC):
         has no such path (the engine then calls execute_step and samples)."""
         return None
 
-    def execute_multi_step(self, step: StepInput) -> np.ndarray | None:
-        """For a step whose sequences are greedy decodes followed by placeholder slots (engine/multi_step.py):
+    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+        """For a step whose sequences are plain decodes followed by placeholder slots (engine/multi_step.py):
         block moves, then one decode step per slot, each sequence's token feeding its next -> int64
-        [step.num_tokens], token query_start_loc[s] + i the argmax of sequence s's step i; or None, having
-        run nothing, where the worker has no such path."""
+        [step.num_tokens], token query_start_loc[s] + i sequence s's step i: its argmax, or drawn with
+        sampling's row s (a row a sequence; each step's noise drawn as a single step draws it); or None,
+        having run nothing and drawn no noise, where the worker has no such path."""
         return None
 
     def can_multi_step(self) -> bool:
@@ -133,8 +134,8 @@ class InProcessWorker(Worker):
                            edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         return self.runner.execute_fused(step, sampling, edits, raw)
 
-    def execute_multi_step(self, step: StepInput) -> np.ndarray | None:
-        return self.runner.execute_multi_step(step)
+    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+        return self.runner.execute_multi_step(step, sampling)
 
     def can_multi_step(self) -> bool:
         return self.runner.can_multi_step()

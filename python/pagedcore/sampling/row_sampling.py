@@ -61,3 +61,22 @@ class RowSampling:
         same draws in any batch), the others' from torch's global one. Draw once per step, and only
         for a step that samples: the generators advance."""
         return exponential_noise(self.num_rows, self.noise_width, self.generators)
+
+    def draw_step_noise(self, query_start_loc: np.ndarray) -> torch.Tensor:
+        """The noise of a multi-step (engine/multi_step.py), row r here being sequence r there, which steps
+        q_len_r = query_start_loc[r + 1] - query_start_loc[r] times: float32 [query_start_loc[-1], noise_width],
+        row query_start_loc[r] + i its step i's. Step i draws for the sequences still stepping, in order,
+        exactly what a single step of those rows draws (draw_noise), and nothing when they are all greedy:
+        the draws of single steps, unless a sequence stops (EOS, a stop id) before its last step, after
+        which the global generator's draws for unseeded rows shift (seeded rows' never do)."""
+        start = np.asarray(query_start_loc, dtype=np.int64)                   # [R + 1]
+        q_len = np.diff(start)                                                # [R]
+        noise = torch.zeros(int(start[-1]), self.noise_width, dtype=torch.float32)  # [num_tokens, W]
+        for i in range(int(q_len.max(initial=0))):
+            stepping = np.flatnonzero(q_len > i)                              # rows of step i, in order
+            if not (self.temperature[stepping] > 0).any():
+                continue                                                      # a greedy step draws nothing
+            generators = {j: self.generators[r] for j, r in enumerate(stepping.tolist()) if r in self.generators}
+            noise[torch.from_numpy(start[stepping] + i)] = exponential_noise(len(stepping), self.noise_width,
+                                                                             generators)
+        return noise
