@@ -1,5 +1,6 @@
 """`pagedcore serve --num-scheduler-steps N` (vLLM's flag): streamed and whole completions carry the
-offline engine's greedy text, the stream arriving several tokens a chunk; /metrics counts every token."""
+offline engine's greedy text, the stream arriving several tokens a chunk, and a seeded sampled
+completion the offline single-step engine's sampled text; /metrics counts every token."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def test_streams_carry_the_greedy_text_in_multi_token_chunks(multi_step_server, 
         client.close()
     assert metric(multi_step_server.url, "pagedcore:generation_tokens_total") >= 4 * MAX_TOKENS
     assert httpx.get(multi_step_server.url + "/health").status_code == 200
+
+
+def test_a_seeded_sampled_completion_equals_the_offline_single_steps(multi_step_server, offline_llm):
+    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=123, max_tokens=2 * MAX_TOKENS,
+                            ignore_eos=True)
+    expected = offline_llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].outputs[0].text
+    client = openai.OpenAI(base_url=multi_step_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        chunks = [c.choices[0].text for c in client.completions.create(
+            model="smol", prompt=PROMPTS[0], max_tokens=2 * MAX_TOKENS, temperature=0.9, top_p=0.9, seed=123,
+            stream=True, extra_body={"top_k": 40, "ignore_eos": True}) if c.choices]
+    finally:
+        client.close()
+    assert "".join(chunks) == expected
+    assert len([c for c in chunks if c]) < 2 * MAX_TOKENS   # it rode multi-steps
