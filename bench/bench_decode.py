@@ -11,6 +11,9 @@ a decode step's time goes, op by op.
                       # each decode step against a read of as many bytes, right after it
     .venv/bin/python bench/bench_decode.py --dtype auto --same-bytes-floor 3 --num-scheduler-steps 8
                       # the same with multi-step scheduling (8 tokens a step, one C++ call)
+    .venv/bin/python bench/bench_decode.py --dtype q8_0 q4_0 int8_per_channel --same-bytes-floor 3
+                      # the other weight formats: the default GGUF re-quantized at load to Q8_0 / Q4_0
+                      # (loader/requantize.py), and int8 per channel (W8A8) from its dequantised weights
 
 Sections:
   floor      weight bytes a decode step must read (every linear layer + the tied lm_head; norms and
@@ -266,7 +269,9 @@ def breakdown(batch: DecodeBatch, steps: int, plain_step: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
+                    help="auto (the GGUF as stored), float32, bfloat16, or a weight format: q8_0, q4_0, q4_1 "
+                         "(re-quantized at load), int8_per_channel")
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 16, 64])
     ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
@@ -286,8 +291,6 @@ def main(argv=None) -> int:
                          "its weights; the median per-step ratio read / token is the % of the floor")
     args = ap.parse_args(argv)
 
-    from pagedcore.loader import load_model
-
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {"uptime_before": _uptime(), "threads": torch.get_num_threads(), "kernel_isa": _kernel_isa()}
@@ -300,7 +303,7 @@ def main(argv=None) -> int:
     best_bw = max(bw.values())
 
     for dtype in args.dtype:
-        loaded = load_model(dtype=dtype, load_tokenizer=False)
+        loaded = _load(dtype)
         model = loaded.model
         wb = weight_bytes_per_token(model)
         floor = best_bw * 1e9 / wb["total"]
@@ -368,6 +371,19 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0
+
+
+def _load(name: str):
+    """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
+    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8)."""
+    from pagedcore.loader import load_model
+    from pagedcore.loader.requantize import load_requantized
+
+    if name in ("q8_0", "q4_0", "q4_1"):
+        return load_requantized(None, name)
+    if name == "int8_per_channel":
+        return load_model(dtype="auto", load_tokenizer=False, quantization=name)
+    return load_model(dtype=name, load_tokenizer=False)
 
 
 def _uptime() -> str:

@@ -14,17 +14,20 @@ static double now() {
 namespace pagedcore { namespace kernels { float read_probe(const void* data, int64_t bytes, int threads); } }
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "pool") == 0) set_active_threading(Threading::kPool);
+  // argv[3]: the weight format, q4_1 (default) or q8_0 (16-row groups of 320 / 544 bytes a 32-weight block)
+  const bool q8 = argc > 3 && strcmp(argv[3], "q8_0") == 0;
+  const size_t group_bytes = q8 ? 544 : 320, scales = q8 ? 16 : 32;
   struct Shape { int64_t N, K; };
   const Shape shapes[4] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};
   std::vector<std::vector<uint8_t>> ws;
   int64_t total = 0;
   for (int l = 0; l < 30; ++l)
     for (const Shape& s : shapes) {
-      std::vector<uint8_t> w(s.N / 16 * (s.K / 32) * 320);
+      std::vector<uint8_t> w(s.N / 16 * (s.K / 32) * group_bytes);
       for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(i * 7);
-      for (size_t off = 0; off < w.size(); off += 320) {  // finite fp16 scales (d and m of 16 rows)
+      for (size_t off = 0; off < w.size(); off += group_bytes) {  // finite fp16 scales (d, and m for Q4_1)
         uint16_t* h = reinterpret_cast<uint16_t*>(&w[off]);
-        for (int k = 0; k < 32; ++k) h[k] = 0x2000;
+        for (size_t k = 0; k < scales; ++k) h[k] = 0x2000;
       }
       total += w.size();
       ws.push_back(std::move(w));
@@ -42,7 +45,7 @@ int main(int argc, char** argv) {
         p.M = 1;
         p.N = s.N;
         p.K = s.K;
-        p.x_stride = s.K; p.out_stride = s.N; p.weight_format = WeightFormat::kQ4_1x16;
+        p.x_stride = s.K; p.out_stride = s.N; p.weight_format = q8 ? WeightFormat::kQ8_0x16 : WeightFormat::kQ4_1x16;
         linear(p);
       }
   };
@@ -61,6 +64,6 @@ int main(int argc, char** argv) {
   auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
   printf("%s: %.1f MB of linears: token linears %.3f ms, read %.3f ms (%.1f GB/s), median ratio %.2f; "
          "per-op reads %.3f ms\n",
-         argc > 1 ? argv[1] : "openmp", total / 1e6, med(tt) * 1e3, med(tr) * 1e3, total / med(tr) / 1e9, med(ratios),
+         q8 ? "q8_0x16" : "q4_1x16", total / 1e6, med(tt) * 1e3, med(tr) * 1e3, total / med(tr) / 1e9, med(ratios),
          med(ts) * 1e3);
 }

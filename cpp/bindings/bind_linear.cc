@@ -32,6 +32,7 @@ void bind_linear(py::module_& m) {
       .value("Q4_KX16", kernels::WeightFormat::kQ4_Kx16)
       .value("Q5_KX16", kernels::WeightFormat::kQ5_Kx16)
       .value("Q6_KX16", kernels::WeightFormat::kQ6_Kx16)
+      .value("INT8_PER_CHANNEL_X16", kernels::WeightFormat::kInt8PerChannelX16)
       .value("F32X16", kernels::WeightFormat::kDenseF32x16)
       .value("BF16X16", kernels::WeightFormat::kDenseBf16x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",

@@ -57,7 +57,7 @@ Status check(const DecoderStackParams& p) {
         return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
                                " weight in a stack of " +
                                (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");
-      if ((f == WeightFormat::kInt8PerChannel) != (w.scales[i] != nullptr))
+      if (is_int8_per_channel(f) != (w.scales[i] != nullptr))
         return Status::invalid("decoder_stack: layer " + str(l) + ": per-row scales go with int8_per_channel "
                                "weights, and only with them");
     }

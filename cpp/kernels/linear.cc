@@ -193,6 +193,7 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ6_Kx16: return "q6_kx16";
     case WeightFormat::kDenseF32x16: return "f32x16";
     case WeightFormat::kDenseBf16x16: return "bf16x16";
+    case WeightFormat::kInt8PerChannelX16: return "int8_per_channelx16";
   }
   return "unknown";
 }

@@ -38,6 +38,9 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //   kQ4_Kx16, kQ5_Kx16, kQ6_Kx16: the k-quants repacked the same way, their 6-bit sub-block scales
 //                    unpacked to bytes (quant_blocks.h; 148 / 180 / 210 bytes per row and 256
 //                    weights against ggml's 144 / 176 / 210; quant_kx16_impl.h).
+//   kInt8PerChannelX16: kInt8PerChannel's rows repacked the same way (K a multiple of 32; bytes
+//                    q + 128 of 4 weights x 16 rows per 64; scales as kInt8PerChannel's), the
+//                    same bits as the row layout (quant_x16_impl.h i8block).
 // The dense formats repacked once at load (dense_x16_impl.h; N a multiple of 16, the same bytes):
 //   kDenseF32x16:  fp32 [N/16][K][16], 16 output columns per vector at one k.
 //   kDenseBf16x16: bf16 [N/16][K/2][16][2] (K even), 16 columns x a pair of k per 64 bytes, as
@@ -62,8 +65,9 @@ enum class WeightFormat : int32_t {
   kQ6_Kx16 = 14,
   kDenseF32x16 = 15,
   kDenseBf16x16 = 16,
+  kInt8PerChannelX16 = 17,
 };
-constexpr int kNumWeightFormats = 17;
+constexpr int kNumWeightFormats = 18;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);

@@ -334,6 +334,7 @@ const LinearIsaKernels kKernels = {
         /* kDenseF32x16 */ {&block_f32x16, LinearXLayout::kF32Natural, nullptr},
         /* kDenseBf16x16 */ {&block_bf16x16, LinearXLayout::kF32Natural,
                              V::kHasDotBf16 ? &block_bf16x16_dot : nullptr},
+        {},  // kInt8PerChannelX16: quant_linear.h's
     },
     &epilogue,
     &read,

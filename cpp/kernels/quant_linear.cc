@@ -58,14 +58,14 @@ Status check(const LinearParams& p, int64_t out_cols) {
   if (p.K % block != 0)
     return Status::invalid("linear: " + name + " weights come in blocks of " + str(block) +
                            " along K; K = " + str(p.K) + " is not a multiple");
-  if (p.weight_format == WeightFormat::kInt8PerChannel && p.K > kMaxInt8K)
-    return Status::invalid("linear: int8_per_channel supports K <= " + str(kMaxInt8K) + "; got " + str(p.K));
+  if (is_int8_per_channel(p.weight_format) && p.K > kMaxInt8K)
+    return Status::invalid("linear: " + name + " supports K <= " + str(kMaxInt8K) + "; got " + str(p.K));
   if (is_x16_format(p.weight_format) && (p.N % kRowsX16 != 0 || out_cols % kRowsX16 != 0))
     return Status::invalid("linear: " + name + " weights are repacked in groups of 16 rows; N = " + str(p.N) +
                            (out_cols != p.N ? " (" + str(out_cols) + " outputs per half)" : "") +
                            " is not a multiple of 16");
-  if (p.weight_format == WeightFormat::kInt8PerChannel && !p.weight_scales && p.N > 0)
-    return Status::invalid("linear: int8_per_channel weights need weight_scales (fp32 [N])");
+  if (is_int8_per_channel(p.weight_format) && !p.weight_scales && p.N > 0)
+    return Status::invalid("linear: " + name + " weights need weight_scales (fp32 [N])");
   if (p.M == 0 || out_cols == 0) return Status::ok();
   if (!p.out || (p.K > 0 && (!p.x || !p.weight))) return Status::invalid("linear: a data pointer is null");
   if (p.M > 1 && p.x_stride < p.K)
@@ -102,12 +102,18 @@ bool is_quantized_format(WeightFormat f) { return quant_block_size(f) > 0; }
 
 bool is_x16_format(WeightFormat f) {
   return f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 || f == WeightFormat::kQ8_0x16 ||
-         f == WeightFormat::kQ4_Kx16 || f == WeightFormat::kQ5_Kx16 || f == WeightFormat::kQ6_Kx16;
+         f == WeightFormat::kQ4_Kx16 || f == WeightFormat::kQ5_Kx16 || f == WeightFormat::kQ6_Kx16 ||
+         f == WeightFormat::kInt8PerChannelX16;
+}
+
+bool is_int8_per_channel(WeightFormat f) {
+  return f == WeightFormat::kInt8PerChannel || f == WeightFormat::kInt8PerChannelX16;
 }
 
 int64_t quant_block_size(WeightFormat f) {
   switch (f) {
     case WeightFormat::kInt8PerChannel: return 1;
+    case WeightFormat::kInt8PerChannelX16: return 4;  // a 64-byte vector: 4 weights of 16 rows
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
     case WeightFormat::kQ8_0:
@@ -126,7 +132,8 @@ int64_t quant_block_size(WeightFormat f) {
 
 int64_t quant_row_bytes(WeightFormat f, int64_t K) {
   switch (f) {
-    case WeightFormat::kInt8PerChannel: return K;
+    case WeightFormat::kInt8PerChannel:
+    case WeightFormat::kInt8PerChannelX16: return K;
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_0));
     case WeightFormat::kQ4_1:
@@ -171,14 +178,14 @@ Status quant_linear(const LinearParams& p, Isa isa) {
   if (!fn)
     return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
                            weight_format_name(p.weight_format) + " kernel (the repacked x16 formats run on "
-                           "AVX2 and AVX-512, q8_0x16 with VNNI only, and on the portable generic path)");
+                           "AVX2 and AVX-512, q8_0x16 and int8_per_channelx16 with VNNI only, and on the portable generic path)");
   // The epilogue of the dense family of the same vector width (VNNI: AVX-512's).
   const LinearIsaKernels& dense = linear_isa_kernels(isa == Isa::kAvx512Vnni ? Isa::kAvx512 : isa);
 
   // x quantized per block: q rows zero-padded; one scale per block (or per row).
   const int64_t M = p.M, K = p.K;
-  const int64_t block = p.weight_format == WeightFormat::kInt8PerChannel ? std::max<int64_t>(K, 1)
-                                                                         : quant_block_size(p.weight_format);
+  const int64_t block = is_int8_per_channel(p.weight_format) ? std::max<int64_t>(K, 1)
+                                                              : quant_block_size(p.weight_format);
   Workspace& ws = workspace();
   QuantizedX qx;
   // (+ 32: a kernel with 64-byte vectors may read a lone last block's second half past K.)

@@ -18,8 +18,11 @@ namespace kernels {
 
 // True for the formats this family computes (every one but the dense ones).
 bool is_quantized_format(WeightFormat format);
-// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16, kQ4_Kx16, kQ5_Kx16, kQ6_Kx16).
+// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16, kQ4_Kx16, kQ5_Kx16, kQ6_Kx16,
+// kInt8PerChannelX16).
 bool is_x16_format(WeightFormat format);
+// True for kInt8PerChannel and kInt8PerChannelX16 (per-row fp32 scales, x quantized per row).
+bool is_int8_per_channel(WeightFormat format);
 // Weights per block along K (32; 256 for the k-quants; 1 for kInt8PerChannel), and the bytes of one
 // weight row of K weights (K a multiple of the block); -1 for a dense or unknown format.
 int64_t quant_block_size(WeightFormat format);
@@ -61,7 +64,7 @@ struct QuantBlockArgs {
   QuantizedX x;
   const uint8_t* w = nullptr;          // [N, row_bytes] in the kernel's format
   int64_t row_bytes = 0;
-  const float* w_scales = nullptr;     // [N] fp32 (kInt8PerChannel only)
+  const float* w_scales = nullptr;     // [N] fp32 (kInt8PerChannel and its x16 layout only)
   int64_t K = 0;
   bool n_outer = false;                // weight rows outer (few rows of x: stream W once)
 };

@@ -281,10 +281,12 @@ namespace kernels {
 namespace PC_ISA_NAMESPACE {
 #define PC_X16_FN(kind) &x16::block<kind>
 #define PC_X16_Q8_FN (x16::X::kQ8 ? &x16::block<0> : nullptr)
+#define PC_X16_I8_FN (x16::X::kQ8 ? &x16::i8block : nullptr)
 #define PC_KX16_FN(kind) &x16::kblock<kind>
 #else  // no repacked kernels for this ISA (the loader does not repack for it)
 #define PC_X16_FN(kind) nullptr
 #define PC_X16_Q8_FN nullptr
+#define PC_X16_I8_FN nullptr
 #define PC_KX16_FN(kind) nullptr
 #endif
 
@@ -304,9 +306,13 @@ const QuantIsaKernels kQuantKernels = {{
     /* kQ4_Kx16 */ PC_KX16_FN(4),
     /* kQ5_Kx16 */ PC_KX16_FN(5),
     /* kQ6_Kx16 */ PC_KX16_FN(6),
+    /* kDenseF32x16 */ nullptr,
+    /* kDenseBf16x16 */ nullptr,
+    /* kInt8PerChannelX16 */ PC_X16_I8_FN,
 }};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN
+#undef PC_X16_I8_FN
 #undef PC_KX16_FN
 
 const QuantIsaKernels& quant_kernels() { return kQuantKernels; }

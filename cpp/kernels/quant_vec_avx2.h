@@ -155,6 +155,12 @@ struct X16Avx2 {
     const __m256 v = _mm256_set1_ps(s);
     return {{_mm256_fmadd_ps(a.h[0], v, c.h[0]), _mm256_fmadd_ps(a.h[1], v, c.h[1])}};
   }
+  static I isub_s(const I& a, int32_t s) {
+    const __m256i v = _mm256_set1_epi32(s);
+    return {{_mm256_sub_epi32(a.h[0], v), _mm256_sub_epi32(a.h[1], v)}};
+  }
+  static F loadf(const float* p) { return {{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}}; }
+  static F mul(const F& a, const F& b) { return {{_mm256_mul_ps(a.h[0], b.h[0]), _mm256_mul_ps(a.h[1], b.h[1])}}; }
   static void store(float* p, const F& a) {
     _mm256_storeu_ps(p, a.h[0]);
     _mm256_storeu_ps(p + 8, a.h[1]);

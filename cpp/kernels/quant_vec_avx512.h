@@ -150,6 +150,10 @@ struct X16Avx512 {
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fmadd_s(F a, float s, F c) { return _mm512_fmadd_ps(a, _mm512_set1_ps(s), c); }
   static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+  // int8 per channel x16: lanes minus one integer, 16 fp32 scales, a lane-wise product.
+  static I isub_s(I a, int32_t s) { return _mm512_sub_epi32(a, _mm512_set1_epi32(s)); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
 
   // The repacked k-quants (quant_kx16_impl.h). BW multiplies the sub-block scale inside vpmaddwd
   // (both int16 halves of a lane hold it); VNNI sums a sub-block by vpdpbusd, then one vpmulld.

@@ -247,6 +247,19 @@ struct X16Generic {
     return c;
   }
   static void store(float* p, const F& a) { std::memcpy(p, a.v, sizeof a.v); }
+  static I isub_s(I a, int32_t s) {
+    for (int32_t& v : a.v) v -= s;
+    return a;
+  }
+  static F loadf(const float* p) {
+    F r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static F mul(F a, const F& b) {
+    for (int l = 0; l < 16; ++l) a.v[l] *= b.v[l];
+    return a;
+  }
 
   // The repacked k-quants (quant_kx16_impl.h), VNNI's arithmetic: a sub-block's sums, then times its
   // scale. A lane of a pairs vector holds two int16 values (lo, hi): kept as lo + 65536 hi.

@@ -1,5 +1,5 @@
-// The repacked 16-row kernels (WeightFormat kQ4_0x16, kQ4_1x16, kQ8_0x16; layouts in
-// quant_blocks.h), written once against a 16-lane trait X and included by quant_linear_impl.h in each
+// The repacked 16-row kernels (WeightFormat kQ4_0x16, kQ4_1x16, kQ8_0x16, kInt8PerChannelX16; layouts
+// in quant_blocks.h), written once against a 16-lane trait X and included by quant_linear_impl.h in each
 // per-ISA namespace that defines PC_X16 (the trait) before including it.
 //
 // Why a second layout: in ggml's layout one vector of integer products covers 32 weights of ONE
@@ -162,6 +162,81 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
   } else {  // rows of x outer: the task's row groups stay in L2
     for (int64_t m = m0; m < m1; m += kMaxRows)
       for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
+  }
+}
+
+// -- int8 per channel, repacked (kInt8PerChannelX16) -------------------------------------------------
+// A row group is K / 4 vectors of 64 bytes, vector v holding weights 4 v .. 4 v + 3 of each of the
+// 16 rows as q + 128 (unsigned for vpdpbusd; quant_blocks.h); the fp32 scale of each row stays in
+// w_scales. No block scales: one int32 sum per column over the whole row, then exactly the integer
+// the row-major kernel (quant_linear_impl.h Int8Rows) sums, total = sum((q + 128) x) - 128 sum(x)
+// (|sum| <= 255 * 127 * K fits int32 for K <= 65536), and the same float products,
+// (float(total) * scale_w) * d_x: the two layouts give the same bits.
+constexpr int kI8PrefetchLines = 32;  // lines ahead of the stream (2 KB, as Q8_0x16's 4 blocks)
+
+template <int MR>
+void i8_tile(const QuantBlockArgs& a, int64_t m, const uint8_t* group, const float* w_scales, const int32_t* xsum,
+             float* dst, int64_t ds) {
+  const int64_t nv = a.K / 4;
+  const int8_t* xq[MR];
+  typename X::I sum[MR];
+  for (int r = 0; r < MR; ++r) {
+    xq[r] = a.x.q + (m + r) * a.x.q_stride;
+    sum[r] = X::izero();
+  }
+  for (int64_t v = 0; v < nv; ++v) {
+    __builtin_prefetch(group + (v + kI8PrefetchLines) * 64);
+    const typename X::V w = X::load(group + v * 64);
+    for (int r = 0; r < MR; ++r) sum[r] = X::dot4(sum[r], w, xq[r] + 4 * v);
+  }
+  const typename X::F ws = X::loadf(w_scales);
+  for (int r = 0; r < MR; ++r) {
+    const typename X::F total = X::cvt(X::isub_s(sum[r], 128 * xsum[r]));
+    X::store(dst + r * ds, X::mul_s(X::mul(total, ws), a.x.d[(m + r) * a.x.d_stride]));
+  }
+}
+
+template <int MR = kMaxRows>
+void i8_rows(const QuantBlockArgs& a, int64_t m, int count, const uint8_t* group, const float* w_scales,
+             const int32_t* xsum, float* dst, int64_t ds) {
+  if constexpr (MR == 1) {
+    i8_tile<1>(a, m, group, w_scales, xsum, dst, ds);
+  } else {
+    if (count >= MR) i8_tile<MR>(a, m, group, w_scales, xsum, dst, ds);
+    else i8_rows<MR - 1>(a, m, count, group, w_scales, xsum, dst, ds);
+  }
+}
+
+// Rows of x whose sums a call keeps on the stack (tasks hold at most 64: quant_linear.cc).
+constexpr int64_t kI8SumRows = 64;
+
+// QuantBlockFn over row groups (n_begin, n_end multiples of 16).
+inline void i8block(const QuantBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n0, int64_t n1, float* dst,
+                    int64_t ds) {
+  const int64_t group_bytes = kRowsX16 * a.K;
+  for (int64_t m0 = m_begin; m0 < m_end; m0 += kI8SumRows) {
+    const int64_t m1 = m0 + kI8SumRows < m_end ? m0 + kI8SumRows : m_end;
+    // sum(x) of each row of x, once (the +128 of the stored weights times it is subtracted)
+    int32_t xsums[kI8SumRows];
+    for (int64_t m = m0; m < m1; ++m) {
+      const int8_t* q = a.x.q + m * a.x.q_stride;
+      int32_t s = 0;
+      for (int64_t k = 0; k < a.K; ++k) s += q[k];
+      xsums[m - m0] = s;
+    }
+    float* out = dst + (m0 - m_begin) * ds;
+    auto run = [&](int64_t m, int64_t n) {
+      const int count = static_cast<int>(m1 - m < kMaxRows ? m1 - m : kMaxRows);
+      i8_rows(a, m, count, a.w + (n / kRowsX16) * group_bytes, a.w_scales + n, xsums + (m - m0),
+              out + (m - m0) * ds + (n - n0), ds);
+    };
+    if (a.n_outer) {  // few rows of x: each row group is read from memory once
+      for (int64_t n = n0; n < n1; n += kRowsX16)
+        for (int64_t m = m0; m < m1; m += kMaxRows) run(m, n);
+    } else {  // rows of x outer: the task's row groups stay in L2
+      for (int64_t m = m0; m < m1; m += kMaxRows)
+        for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
+    }
   }
 }
 

@@ -1,10 +1,11 @@
-"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16: ops/
-quant_repack.py, cpp/kernels/quant_x16_impl.h, quant_kx16_impl.h) on every ISA path that has them:
-repacking is lossless (unpack gives the file's bytes back), and the kernel equals the exact-
-arithmetic reference of test_quant_linear.py (the same activation quantization: Q8_0 / Q8_1 blocks of
-32, Q8_K blocks of 256 for the k-quants; W dequantised by the gguf package, float64 product) and the
-ggml-layout kernel on the same weights. Q8_0x16 without VNNI (AVX2, AVX-512BW: vpmaddubsw would
-saturate) is refused by name; a path this CPU cannot run is SKIPPED with the missing flag."""
+"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16,
+int8_per_channelx16: ops/quant_repack.py, cpp/kernels/quant_x16_impl.h, quant_kx16_impl.h) on every
+ISA path that has them: repacking is lossless (unpack gives the file's bytes back), and the kernel
+equals the exact-arithmetic reference of test_quant_linear.py (the same activation quantization: Q8_0
+/ Q8_1 blocks of 32, Q8_K blocks of 256 for the k-quants, one scale per row for int8; W dequantised by
+the gguf package, float64 product) and the ggml-layout (row-layout) kernel on the same weights; the
+int8 one bit for bit. Q8_0x16 and int8_per_channelx16 without VNNI (AVX2, AVX-512BW: vpmaddubsw would
+saturate) are refused by name; a path this CPU cannot run is SKIPPED with the missing flag."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from pagedcore.ops.linear_isa import isa_code
 from pagedcore.ops.quant_linear import FORMAT_ENUMS, QuantLinearKernel, row_bytes
 from pagedcore.ops.quant_repack import REPACKED, gather_rows_x16, repack_x16, repackable, unpack_x16
 
-from .test_quant_linear import _ISA_FLAGS, make_x, quantize_x, random_weight
+from .test_quant_linear import _ISA_FLAGS, act_block, make_x, quantize_x, random_weight
 
 _ALL_ISAS = ("generic", "generic16", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
 # ISA paths with a 16-lane kernel, per repacked format.
 _X16_ISAS = {"q4_0x16": _ALL_ISAS, "q4_1x16": _ALL_ISAS, "q8_0x16": ("generic", "generic16", "avx512_vnni", "avx512_bf16"),
-             "q4_kx16": _ALL_ISAS, "q5_kx16": _ALL_ISAS, "q6_kx16": _ALL_ISAS}
+             "q4_kx16": _ALL_ISAS, "q5_kx16": _ALL_ISAS, "q6_kx16": _ALL_ISAS,
+             "int8_per_channelx16": ("generic", "generic16", "avx512_vnni", "avx512_bf16")}
 
 
 def _is_k(fmt: str) -> bool:
@@ -52,7 +54,7 @@ def test_repacking_is_lossless(ggml):
     K = _K(ggml, 11)
     weight, _, _ = random_weight(ggml, 48, K, rng)  # random bytes: every scale, minimum and quant pattern
     packed = repack_x16(weight, ggml, K)
-    assert packed.shape == (48, row_bytes(REPACKED[ggml], K)) and packed.dtype == torch.uint8
+    assert packed.shape == (48, row_bytes(REPACKED[ggml], K)) and packed.dtype == weight.dtype
     assert not torch.equal(packed[:, :weight.shape[1]], weight)
     assert torch.equal(unpack_x16(packed, REPACKED[ggml], K), weight)
     with pytest.raises(ValueError, match="N a multiple of 16"):
@@ -64,7 +66,7 @@ def test_bytes_per_weight_of_the_repacked_formats():
     minimums become 16 (one byte each): 148 / 180 bytes per 256 weights against 144 / 176; Q6_K's
     int8 scales are bytes already (210)."""
     per_256 = {fmt: row_bytes(REPACKED[fmt], 256) - row_bytes(fmt, 256) for fmt in REPACKED}
-    assert per_256 == {"q4_0": 0, "q4_1": 0, "q8_0": 0, "q4_k": 4, "q5_k": 4, "q6_k": 0}
+    assert per_256 == {"q4_0": 0, "q4_1": 0, "q8_0": 0, "q4_k": 4, "q5_k": 4, "q6_k": 0, "int8_per_channel": 0}
     assert row_bytes("q4_kx16", 256) / 256 == 0.578125 and row_bytes("q5_kx16", 256) / 256 == 0.703125
 
 
@@ -75,15 +77,19 @@ def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
     rng = np.random.default_rng(zlib.crc32(f"{fmt}/{case}".encode()))
     N, K = 64, _K(fmt, 11)  # 4 row groups (2 per half for SwiGLU); 11 blocks of 32 or 2 super-blocks
     M = {"decode": 1, "silu_mul_bias": 3, "rows_9": 9, "rows_17": 17, "rows_64": 64, "prefill": 70}[case]
-    weight, _, w = random_weight(ggml, N, K, rng)
+    weight, scales, w = random_weight(ggml, N, K, rng)
     packed = repack_x16(weight, ggml, K)
     silu = case == "silu_mul_bias"
     bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)) if silu else None
     x = make_x(M, K, rng, torch.float32)
-    y = QuantLinearKernel(packed, fmt, K, bias, silu_mul=silu, isa=isa)(x).double().numpy()
-    ggml_y = QuantLinearKernel(weight, ggml, K, bias, silu_mul=silu, isa=isa if isa != "avx512_vnni" else "auto")(x)
+    y = QuantLinearKernel(packed, fmt, K, bias, scales=scales, silu_mul=silu, isa=isa)(x)
+    ggml_y = QuantLinearKernel(weight, ggml, K, bias, scales=scales, silu_mul=silu,
+                               isa=isa if isa != "avx512_vnni" else "auto")(x)
+    if scales is not None:  # int8: the same integers and the same float products as the row layout
+        assert torch.equal(y, ggml_y), f"{fmt}/{isa}/{case}: differs from the row layout"
+    y = y.double().numpy()
 
-    q, d = quantize_x(x, 256 if _is_k(fmt) else 32)
+    q, d = quantize_x(x, act_block(ggml, K))
     x_hat = q * d
     ref, scale = x_hat @ w.T, np.abs(x_hat) @ np.abs(w).T
     if silu:
@@ -144,7 +150,7 @@ def test_rows_not_in_groups_of_16_are_refused(ggml):
     with pytest.raises(ValueError, match=r"groups of 16 rows; N = 48 \(24 outputs per half\)"):
         kernel(torch.ones(1, K))
     assert repackable("q4_1", 40) is None and repackable("q6_k", 40) is None and repackable("q4_1", 0) is None
-    assert repackable("q8_k", 64) is None and repackable("int8_per_channel", 64) is None
+    assert repackable("q8_k", 64) is None and repackable("int8_per_channel", 40) is None
 
 
 @pytest.mark.parametrize("ggml", sorted(REPACKED))
@@ -164,3 +170,45 @@ def test_gathered_rows_are_the_file_rows(ggml):
     packed = repack_x16(weight, ggml, K)
     rows = torch.tensor([0, 17, 63, 17, 5, 32], dtype=torch.int64)
     assert torch.equal(gather_rows_x16(packed, rows, REPACKED[ggml], K), weight[rows])
+
+
+def test_int8_x16_gives_the_row_layouts_bits_at_the_integer_extremes():
+    """Every weight at -128 or +127 and the activations at +-127 (the int32 sums' worst case at K = 4096):
+    the x16 kernel equals the row-layout kernel bit for bit on every ISA that has it, at 1-37 rows."""
+    N, K = 64, 4096
+    rng = np.random.default_rng(11)
+    weight, scales, _ = random_weight("int8_per_channel", N, K, rng)
+    weight[: N // 2] = torch.where(torch.from_numpy(rng.integers(0, 2, (N // 2, K)).astype(bool)), -128, 127).to(torch.int8)
+    packed = repack_x16(weight, "int8_per_channel", K)
+    x = make_x(37, K, rng, torch.float32)
+    x[3], x[4] = 1.0, -1.0
+    isas = [isa for isa in _X16_ISAS["int8_per_channelx16"] if _core.kernel_isa_supported(isa)]
+    for m in (1, 2, 5, 37):
+        want = QuantLinearKernel(weight, "int8_per_channel", K, scales=scales, isa="generic")(x[:m])
+        for isa in isas:
+            got = QuantLinearKernel(packed, "int8_per_channelx16", K, scales=scales, isa=isa)(x[:m])
+            assert torch.equal(got, want), f"{m} rows: {isa} differs from the row layout"
+    print(f"int8_per_channelx16: bit-identical to the row layout on {', '.join(isas)}")
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_int8_x16_without_vnni_is_refused_by_name(isa):
+    if not _core.kernel_isa_supported(isa):
+        pytest.skip(f"this CPU lacks {_ISA_FLAGS[isa]}")
+    weight, scales, _ = random_weight("int8_per_channel", 16, 64, np.random.default_rng(1))
+    kernel = QuantLinearKernel(repack_x16(weight, "int8_per_channel", 64), "int8_per_channelx16", 64, scales=scales,
+                               isa=isa)
+    with pytest.raises(ValueError, match=f"the {isa} kernels have no int8_per_channelx16 kernel"):
+        kernel(torch.ones(1, 64))
+    assert repackable("int8_per_channel", 64, isa=isa) is None
+
+
+def test_int8_rows_repack_where_the_kernel_takes_them():
+    """K a multiple of 4 and at most 65536 (the int32 sums), whole groups of 16, a VNNI CPU; int8 in, int8 out."""
+    vnni = _core.quant_kernel_isa_for(FORMAT_ENUMS["int8_per_channelx16"]) == "avx512_vnni"
+    want = "int8_per_channelx16" if vnni else None
+    assert repackable("int8_per_channel", 64, K=576) == want and repackable("int8_per_channel", 64) == want
+    assert repackable("int8_per_channel", 64, K=578) is None and repackable("int8_per_channel", 64, K=65540) is None
+    weight, _, _ = random_weight("int8_per_channel", 32, 12, np.random.default_rng(5))
+    with pytest.raises(ValueError, match="int8 \\[N, 12\\] with N a multiple of 16"):
+        repack_x16(weight.view(torch.uint8), "int8_per_channel", 12)

@@ -15,7 +15,7 @@ from .blocks import FORMATS
 
 
 def activation_block(weight_format: str, K: int) -> int:
-    if weight_format == "int8_per_channel":
+    if weight_format.removesuffix("x16") == "int8_per_channel":
         return K
     return 256 if weight_format.removesuffix("x16").endswith("_k") else 32  # q4_kx16: Q8_K as q4_k
 
@@ -32,12 +32,12 @@ def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:
 def dequantize_weight(weight: torch.Tensor, weight_format: str, K: int,
                       scales: torch.Tensor | None = None) -> torch.Tensor:
     """[N, row_bytes] blocks (or int8 [N, K] + scales [N]) -> fp64 [N, K]."""
-    if weight_format == "int8_per_channel":
-        return weight.double() * scales.double()[:, None]
     if weight_format.endswith("x16"):  # repacked 16-row groups: the file's rows again, then as below
         from pagedcore.ops.quant_repack import unpack_x16
 
         weight, weight_format = unpack_x16(weight, weight_format, K), weight_format.removesuffix("x16")
+    if weight_format == "int8_per_channel":
+        return weight.double() * scales.double()[:, None]
     values = gguf_quants.dequantize(np.ascontiguousarray(weight.numpy()), FORMATS[weight_format])
     return torch.from_numpy(values.reshape(weight.shape[0], K)).double()
 

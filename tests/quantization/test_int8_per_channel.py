@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pagedcore.loader import load_model
+from pagedcore.ops.quant_repack import repackable, unpack_x16
 
 from ..models import tiny_models
 from ..models.paged_driver import PagedDriver
@@ -31,9 +32,12 @@ def test_weights_are_int8_rows_within_half_a_step(folder):
     dense = load_model(folder, dtype="float32", load_tokenizer=False).model
     linear = loaded.model.model.layers[1].mlp.gate_up_proj
     (part,) = linear.quant_parts
-    assert part.format == "int8_per_channel" and part.weight.dtype == torch.int8
+    # int8 rows, repacked into 16-row groups where this CPU has the x16 kernel (VNNI)
+    assert part.format == (repackable("int8_per_channel", part.num_rows, K=linear.in_features) or "int8_per_channel")
+    assert part.weight.dtype == torch.int8
+    rows = unpack_x16(part.weight, part.format, linear.in_features) if part.format.endswith("x16") else part.weight
     original = dense.model.layers[1].mlp.gate_up_proj.weight  # fp32 [out, in]
-    error = (part.weight.float() * part.scales[:, None] - original).abs()  # [out, in]
+    error = (rows.float() * part.scales[:, None] - original).abs()  # [out, in]
     assert (error <= part.scales[:, None] * 0.5 + 1e-6).all()
     assert set(loaded.weight_bytes) == {"int8_per_channel", "float32"}  # embedding, norms, biases in fp32
 
@@ -53,3 +57,20 @@ def test_greedy_equals_the_oracle_and_stays_near_fp32(folder, monkeypatch):
     use_reference_kernels(monkeypatch)
     ref_tokens, ref_logits = PagedDriver(load_int8(folder).model).greedy(0, PROMPT, 8)
     assert_same_greedy(tokens, logits, ref_tokens, ref_logits)
+
+
+def test_repacked_rows_give_the_row_layouts_logits_bit_for_bit(folder, monkeypatch):
+    """Where the CPU has the x16 int8 kernel (VNNI), the rows repacked into 16-row groups compute the same
+    integers and the same float products as the row layout (PAGEDCORE_QUANT_REPACK=0): equal logits and
+    greedy tokens through the paged model."""
+    loaded = load_int8(folder)
+    formats = {p.format for m in loaded.model.modules() for p in getattr(m, "quant_parts", ())}
+    if "int8_per_channelx16" not in formats:
+        pytest.skip(f"no int8 layer repacked here (formats {sorted(formats)}: the x16 int8 kernel needs VNNI)")
+    tokens, logits = PagedDriver(loaded.model).greedy(0, PROMPT, 8, prefill_split=10)
+    monkeypatch.setenv("PAGEDCORE_QUANT_REPACK", "0")
+    row_model = load_int8(folder).model
+    assert {p.format for m in row_model.modules() for p in getattr(m, "quant_parts", ())} == {"int8_per_channel"}
+    row_tokens, row_logits = PagedDriver(row_model).greedy(0, PROMPT, 8, prefill_split=10)
+    assert tokens == row_tokens
+    assert all(torch.equal(a, b) for a, b in zip(logits, row_logits))

@@ -18,7 +18,7 @@ from pagedcore.layers.layernorm import RMSNorm
 from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dense_repack import X16_FORMATS, packed_shape
-from pagedcore.ops.quant_linear import INT8_FORMAT, QUANT_FORMATS, row_bytes
+from pagedcore.ops.quant_linear import INT8_FORMATS, QUANT_FORMATS, row_bytes
 
 # What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
 # Rope scaling of any kind is in: the stack reads the cos/sin rows the Python RotaryEmbedding made.
@@ -147,7 +147,7 @@ def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer:
             n, k = shape
             if fmt in _X16_NAMES:
                 return packed_shape(n, k, dtype), dtype
-            return ((n, k), torch.int8) if fmt == INT8_FORMAT else ((n, row_bytes(fmt, k)), torch.uint8)
+            return ((n, k), torch.int8) if fmt in INT8_FORMATS else ((n, row_bytes(fmt, k)), torch.uint8)
     return shape, dtype
 
 
@@ -167,7 +167,7 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
                         f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
         for fmt, scales, field in zip(layer.formats, layer.scales, LINEAR_FIELDS):
             rows = shapes[field][0]
-            if (fmt == INT8_FORMAT) != (scales is not None) or (scales is not None and (
+            if (fmt in INT8_FORMATS) != (scales is not None) or (scales is not None and (
                     scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
                 return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
         if (layer.q_norm is None) != (layer.k_norm is None):

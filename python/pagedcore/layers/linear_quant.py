@@ -131,7 +131,7 @@ class QuantLinearMethod(LinearMethod):
 
         changed = False
         for part in layer.quant_parts:
-            repacked = repackable(part.format, part.num_rows)
+            repacked = repackable(part.format, part.num_rows, K=layer.in_features)
             if repacked is not None:
                 part.weight = repack_x16(part.weight, part.format, layer.in_features)
                 part.format, part.kernels = repacked, {}

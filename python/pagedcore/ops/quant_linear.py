@@ -19,27 +19,29 @@ from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.linear import explain_bad_x
 from pagedcore.ops.linear_isa import isa_code
 
-__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "QUANT_FORMATS", "X16_FORMATS", "QuantLinearKernel", "block_size", "row_bytes",
+__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "INT8_FORMATS", "QUANT_FORMATS", "X16_FORMATS", "QuantLinearKernel", "block_size",
+           "row_bytes",
            "quantize_int8_per_channel"]
 
 GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 INT8_FORMAT = "int8_per_channel"
-# GGUF blocks repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same bytes,
-# but for the k-quants' 6-bit scales unpacked to bytes (q4_kx16, q5_kx16: 4 more bytes per 256 weights).
-X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16")
+# GGUF blocks (and int8 rows) repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same
+# bytes, but for the k-quants' 6-bit scales unpacked to bytes (q4_kx16, q5_kx16: 4 more bytes per 256 weights).
+X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16", "int8_per_channelx16")
+INT8_FORMATS = (INT8_FORMAT, "int8_per_channelx16")  # int8 [N, K] weights with fp32 scales [N]
 QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS
 
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
 _BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
            "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34),
-           "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210)}
+           "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210), "int8_per_channelx16": (4, 4)}
 # Format name -> the kernel enum (cpp/kernels/linear.h WeightFormat).
 FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
           "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
           INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL, "q4_0x16": _core.WeightFormat.Q4_0X16,
           "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16,
           "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
-          "q6_kx16": _core.WeightFormat.Q6_KX16}
+          "q6_kx16": _core.WeightFormat.Q6_KX16, "int8_per_channelx16": _core.WeightFormat.INT8_PER_CHANNEL_X16}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
 
 
@@ -93,7 +95,7 @@ class QuantLinearKernel:
         if not isinstance(K, int) or K <= 0:
             raise ValueError(f"K must be a positive int, got {K!r}")
         nbytes = row_bytes(fmt, K)
-        want = torch.int8 if fmt == INT8_FORMAT else torch.uint8
+        want = torch.int8 if fmt in INT8_FORMATS else torch.uint8
         if weight.dtype != want:
             raise TypeError(f"a {fmt} weight is {want} [N, {nbytes}]; got {weight.dtype}")
         if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[1] != nbytes:
@@ -104,13 +106,13 @@ class QuantLinearKernel:
         N = weight.shape[0]
         if silu_mul and N % 2:
             raise ValueError(f"silu_mul needs an even number of weight rows (gate rows then up rows); got {N}")
-        if fmt == INT8_FORMAT:
+        if fmt in INT8_FORMATS:
             if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (N,)
                     or scales.device.type != "cpu" or not scales.is_contiguous()):
-                raise ValueError(f"int8_per_channel needs scales: a contiguous fp32 CPU tensor of shape ({N},) "
+                raise ValueError(f"{fmt} needs scales: a contiguous fp32 CPU tensor of shape ({N},) "
                                  "(quantize_int8_per_channel returns it)")
         elif scales is not None:
-            raise ValueError(f"scales are for int8_per_channel only; {fmt} blocks carry their own")
+            raise ValueError(f"scales are for int8_per_channel only (and its x16 layout); {fmt} blocks carry their own")
         bias_code = 0
         if bias is not None:
             if not isinstance(bias, torch.Tensor) or bias.dtype not in CPU_DTYPE_CODES:

@@ -18,6 +18,8 @@ the c-th `unit` bytes of each of the 16 rows (row r's at unit * r).
     q4_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qs 128/4                   148       144
     q5_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qh 32/4, qs 128/4          180       176
     q6_k     d 2/2, sc 16/2, ql 128/4, qh 64/4                           210       210
+    int8_per_channel  q 4/4 (stored q + 128), a "block" of 4 weights; scales stay     4
+                      a separate fp32 [N] (int8 [N, K] in and out, K a multiple of 4)
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ def _q8_0_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
 
 def _q8_0_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
     return torch.cat([lanes[..., :2], lanes[..., 2:] - 128], dim=-1)
+
+
+def _plus_128(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks + 128  # int8 q viewed as uint8 (q mod 256): q + 128 in 0..255, uint8 wraps exactly
+
+
+def _minus_128(lanes: torch.Tensor) -> torch.Tensor:
+    return lanes - 128
 
 
 def _unpack_scales(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,18 +111,25 @@ _LAYOUTS = {
     "q5_k": _Layout("q5_kx16", 256, 176, ((2, 2), (2, 2), (8, 2), (8, 2), (32, 4), (128, 4)), _q45_k_to_lanes,
                     _q45_k_from_lanes),
     "q6_k": _Layout("q6_kx16", 256, 210, ((2, 2), (16, 2), (128, 4), (64, 4)), _q6_k_to_lanes, _q6_k_from_lanes),
+    "int8_per_channel": _Layout("int8_per_channelx16", 4, 4, ((4, 4),), _plus_128, _minus_128),
 }
+_INT8 = ("int8_per_channel", "int8_per_channelx16")  # int8 tensors (viewed as bytes while repacking)
+# Rows longer than this stay in the row layout: the x16 int8 kernel's int32 sums of (q + 128) x.
+_MAX_INT8_K = 65536
 REPACKED = {fmt: layout.repacked for fmt, layout in _LAYOUTS.items()}  # ggml format -> repacked format
 _GGML_OF = {repacked: fmt for fmt, repacked in REPACKED.items()}
 
 
-def repackable(fmt: str, num_rows: int, isa: str = "auto") -> str | None:
-    """The repacked format a `fmt` weight of num_rows rows should run as on this CPU, or None: row
-    counts in whole groups of 16 (a part of another count keeps the file layout), and ISAs with a
-    SIMD 16-lane kernel (AVX2 and AVX-512; Q8_0 needs VNNI). Elsewhere the ggml-layout kernels run
-    the file's rows as they are."""
+def repackable(fmt: str, num_rows: int, isa: str = "auto", K: int | None = None) -> str | None:
+    """The repacked format a `fmt` weight of num_rows rows (of K weights, when given) should run as on
+    this CPU, or None: row counts in whole groups of 16 (a part of another count keeps the file
+    layout), and ISAs with a SIMD 16-lane kernel (AVX2 and AVX-512; Q8_0 and int8_per_channel need
+    VNNI; int8_per_channel also K a multiple of 4, at most 65536). Elsewhere the ggml-layout / row
+    kernels run the rows as they are."""
     repacked = REPACKED.get(fmt)
     if repacked is None or num_rows % ROWS or num_rows == 0:
+        return None
+    if fmt in _INT8 and K is not None and (K % 4 or K > _MAX_INT8_K):
         return None
     from pagedcore.ops.linear_isa import isa_code
 
@@ -129,18 +146,25 @@ def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[_Layout, int, int]:
     layout = _LAYOUTS[ggml]
     N = weight.shape[0] if weight.dim() == 2 else -1
     nbytes = row_bytes(fmt, K)
-    if weight.dtype != torch.uint8 or weight.dim() != 2 or N % ROWS or weight.shape[1] != nbytes:
-        raise ValueError(f"a {fmt} weight of K = {K} is uint8 [N, {nbytes}] with N a multiple of "
-                         f"{ROWS}; got {weight.dtype} {tuple(weight.shape)}")
+    dtype = torch.int8 if fmt in _INT8 else torch.uint8
+    if weight.dtype != dtype or weight.dim() != 2 or N % ROWS or weight.shape[1] != nbytes:
+        raise ValueError(f"a {fmt} weight of K = {K} is {str(dtype).removeprefix('torch.')} [N, {nbytes}] with N a "
+                         f"multiple of {ROWS}; got {weight.dtype} {tuple(weight.shape)}")
     return layout, N, K // layout.block
 
 
 def repack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
     """ggml rows uint8 [N, row_bytes(fmt, K)] of `fmt` (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) -> the
-    16-row groups uint8 [N, row_bytes(repacked, K)]."""
+    16-row groups uint8 [N, row_bytes(repacked, K)]; int8_per_channel rows int8 [N, K] -> int8 [N, K]."""
     if fmt not in _LAYOUTS:
         raise ValueError(f"{fmt!r} is not a ggml format with a 16-row layout ({sorted(_LAYOUTS)})")
     layout, N, nb = _check(weight, fmt, K)
+    if fmt in _INT8:  # int8 in, int8 out: the bytes are repacked
+        return _repack(weight.view(torch.uint8), layout, N, nb).view(torch.int8)
+    return _repack(weight, layout, N, nb)
+
+
+def _repack(weight: torch.Tensor, layout: _Layout, N: int, nb: int) -> torch.Tensor:
     groups = N // ROWS
     lanes = layout.to_lanes(weight.reshape(groups, ROWS, nb, layout.ggml_bytes).transpose(1, 2))  # [G, nb, 16, L]
     chunks, start = [], 0
@@ -156,6 +180,12 @@ def unpack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
     if fmt not in _GGML_OF:
         raise ValueError(f"{fmt!r} is not a repacked format ({sorted(_GGML_OF)})")
     layout, N, nb = _check(weight, fmt, K)
+    if fmt in _INT8:
+        return _unpack(weight.view(torch.uint8), layout, N, nb).view(torch.int8)
+    return _unpack(weight, layout, N, nb)
+
+
+def _unpack(weight: torch.Tensor, layout: _Layout, N: int, nb: int) -> torch.Tensor:
     groups = N // ROWS
     blocks = weight.reshape(groups, nb, ROWS * layout.lane_bytes)
     fields, start = [], 0
