@@ -178,7 +178,7 @@ Status quant_linear(const LinearParams& p, Isa isa) {
   if (!fn)
     return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
                            weight_format_name(p.weight_format) + " kernel (the repacked x16 formats run on "
-                           "AVX2 and AVX-512, q8_0x16 and int8_per_channelx16 with VNNI only, and on the portable generic path)");
+                           "AVX2 and AVX-512 and on the portable generic path)");
   // The epilogue of the dense family of the same vector width (VNNI: AVX-512's).
   const LinearIsaKernels& dense = linear_isa_kernels(isa == Isa::kAvx512Vnni ? Isa::kAvx512 : isa);
 

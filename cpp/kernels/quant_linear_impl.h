@@ -280,8 +280,8 @@ namespace pagedcore {
 namespace kernels {
 namespace PC_ISA_NAMESPACE {
 #define PC_X16_FN(kind) &x16::block<kind>
-#define PC_X16_Q8_FN (x16::X::kQ8 ? &x16::block<0> : nullptr)
-#define PC_X16_I8_FN (x16::X::kQ8 ? &x16::i8block : nullptr)
+#define PC_X16_Q8_FN &x16::block<0>
+#define PC_X16_I8_FN &x16::i8block
 #define PC_KX16_FN(kind) &x16::kblock<kind>
 #else  // no repacked kernels for this ISA (the loader does not repack for it)
 #define PC_X16_FN(kind) nullptr

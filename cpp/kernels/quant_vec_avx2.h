@@ -95,10 +95,10 @@ struct QVecAvx2 {
 
 // The 16-lane trait of the repacked kernels (quant_x16_impl.h) as two 8-lane ymm halves (rows 0-7
 // and 8-15 of a group). vpmaddubsw sums byte pairs in int16: fine for nibbles (2 * 15 * 127), not
-// for Q8_0x16's bytes up to 255, so no q8_0x16 here.
+// for Q8_0x16's stored bytes up to 255, so those take the sign trick (dot4_q8, kQ8Signed).
 struct X16Avx2 {
   static constexpr int kMaxRows = 2;  // 2 x (2 int32 + 2 fp32) accumulators + working registers of 16
-  static constexpr bool kQ8 = false;
+  static constexpr bool kQ8Signed = true;
   static constexpr bool kPairs16 = true;
   struct V { __m256i h[2]; };
   struct I { __m256i h[2]; };
@@ -122,6 +122,20 @@ struct X16Avx2 {
     const __m256i x = _mm256_set1_epi32(four), ones = _mm256_set1_epi16(1);
     for (int i = 0; i < 2; ++i)
       acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w.h[i], x), ones));
+    return acc;
+  }
+  // Stored q + 128 bytes (Q8_0x16, int8 x16) against x4: sum(q x) per lane, the sign trick: q = byte ^ 0x80,
+  // |q| (up to 128) as the unsigned operand and x with q's sign as the signed one, so a pair sum is at
+  // most 2 * 128 * 127 and never saturates (x is in [-127, 127]).
+  static I dot4_q8(I acc, const V& u, const int8_t* x4) {
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m256i x = _mm256_set1_epi32(four), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i q = _mm256_xor_si256(u.h[i], flip);
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(pairs, ones));
+    }
     return acc;
   }
   // int16 pair sums of a nibble block (quant_x16_impl.h, kPairs16); lane layout as I, int16 halves.

@@ -115,11 +115,11 @@ struct QVecAvx512 {
 
 // The 16-lane trait of the repacked kernels (quant_x16_impl.h): lane l = output column l of a
 // 16-row group. BW (vpmaddubsw) sums byte pairs in int16: fine for nibbles (2 * 15 * 127), not for
-// Q8_0x16's bytes up to 255, so kQ8 only with VNNI.
+// Q8_0x16's bytes up to 255: without VNNI those take the sign trick (dot4_q8, kQ8Signed).
 template <bool kVnni>
 struct X16Avx512 {
   static constexpr int kMaxRows = 8;  // 8 int32 + 8 fp32 accumulators + 6 working zmm of 32
-  static constexpr bool kQ8 = kVnni;
+  static constexpr bool kQ8Signed = !kVnni;
   static constexpr bool kPairs16 = !kVnni;  // vpdpbusd already sums into int32 in one instruction
   using V = __m512i;
   using I = __m512i;
@@ -134,6 +134,18 @@ struct X16Avx512 {
     const __m512i x = _mm512_set1_epi32(four);
     if (kVnni) return _mm512_dpbusd_epi32(acc, w, x);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+  }
+  // Stored q + 128 bytes against x4: VNNI sums the unsigned bytes (the kernel subtracts 128 sum(x));
+  // BW sums q x by the sign trick (q = byte ^ 0x80; |q| unsigned, x negated where q < 0: pairs fit int16).
+  static I dot4_q8(I acc, V u, const int8_t* x4) {
+    if (kVnni) return dot4(acc, u, x4);
+    int32_t four;
+    std::memcpy(&four, x4, sizeof four);
+    const __m512i x = _mm512_set1_epi32(four);
+    const __m512i q = _mm512_xor_si512(u, _mm512_set1_epi8(-128));
+    const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), signed_x),
+                                                    _mm512_set1_epi16(1)));
   }
   using P = __m512i;  // int16 pair sums (kPairs16)
   static P pzero() { return _mm512_setzero_si512(); }

@@ -199,7 +199,7 @@ struct QVecGeneric {
 // arithmetic of the SIMD traits (int32 sums, fp32 FMAs), on any CPU.
 struct X16Generic {
   static constexpr int kMaxRows = 4;
-  static constexpr bool kQ8 = true;
+  static constexpr bool kQ8Signed = false;  // sums the stored q + 128 bytes, as vpdpbusd does
   static constexpr bool kPairs16 = false;  // (a trait with kPairs16 also defines P, pzero, pdot4, widen)
   struct V { uint8_t b[64]; };
   struct I { int32_t v[16]; };
@@ -223,6 +223,7 @@ struct X16Generic {
       for (int t = 0; t < 4; ++t) acc.v[l] += static_cast<int32_t>(w.b[4 * l + t]) * x4[t];
     return acc;
   }
+  static I dot4_q8(I acc, const V& w, const int8_t* x4) { return dot4(acc, w, x4); }
   static F fzero() { return F{}; }
   static F cvt(const I& a) {
     F r;

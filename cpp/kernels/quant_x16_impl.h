@@ -15,8 +15,10 @@
 // (c_w = -128 d_w): the offset of the stored integer times sum(x) is the s_x term.
 //
 // Trait X (16 int32 / fp32 lanes):
-//   V (64 weight bytes), I (16 int32), F (16 fp32); kQ8 (Q8_0x16 runs: products of bytes up to 255
-//   do not saturate, true for vpdpbusd, false for vpmaddubsw's int16 pairs); kPairs16 (a vpmaddubsw
+//   V (64 weight bytes), I (16 int32), F (16 fp32); kQ8Signed and I dot4_q8(I acc, V u, x4) for the
+//   stored q + 128 bytes of Q8_0x16 / int8 x16 (false: sum(u x) like vpdpbusd, the kernel subtracts the
+//   offset; true: sum(q x) by the sign trick, since vpmaddubsw's int16 pairs of bytes up to 255 would
+//   saturate); I isub_s(I, int32_t); F loadf(const float*); F mul(F, F); kPairs16 (a vpmaddubsw
 //   trait: P (32 int16), P pzero(), P pdot4(P acc, V w, const int8_t* x4) (the int16 pair sums of
 //   w and x4 broadcast, added to acc), I widen(P) (adjacent int16 pairs summed into int32 lanes))
 //   V load(p); V lo4(V), hi4(V) (nibbles as bytes); I izero(); I dot4(I acc, V w, const int8_t* x4)
@@ -111,10 +113,10 @@ void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Bloc
         }
       }
       for (int r = 0; r < MR; ++r) sum[r] = XP::widen(pairs[r]);
-    } else if constexpr (kKind == 0) {
+    } else if constexpr (kKind == 0) {  // (kQ8Signed: sum(q x) itself, no offset term below)
       for (int j = 0; j < 8; ++j) {
         const typename X::V v = X::load(w.qs[j]);
-        for (int r = 0; r < MR; ++r) sum[r] = X::dot4(sum[r], v, xq[r] + b * kBlock32 + 4 * j);
+        for (int r = 0; r < MR; ++r) sum[r] = X::dot4_q8(sum[r], v, xq[r] + b * kBlock32 + 4 * j);
       }
     } else {
       for (int j = 0; j < 4; ++j) {
@@ -128,7 +130,7 @@ void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Bloc
     }
     for (int r = 0; r < MR; ++r) {
       acc[r] = X::fmadd(dw, X::mul_s(X::cvt(sum[r]), xd[r][b]), acc[r]);
-      acc[r] = X::fmadd_s(cw, xs[r][b], acc[r]);
+      if constexpr (!(kKind == 0 && X::kQ8Signed)) acc[r] = X::fmadd_s(cw, xs[r][b], acc[r]);
     }
   }
   for (int r = 0; r < MR; ++r) X::store(dst + r * ds, acc[r]);
@@ -170,8 +172,8 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 // 16 rows as q + 128 (unsigned for vpdpbusd; quant_blocks.h); the fp32 scale of each row stays in
 // w_scales. No block scales: one int32 sum per column over the whole row, then exactly the integer
 // the row-major kernel (quant_linear_impl.h Int8Rows) sums, total = sum((q + 128) x) - 128 sum(x)
-// (|sum| <= 255 * 127 * K fits int32 for K <= 65536), and the same float products,
-// (float(total) * scale_w) * d_x: the two layouts give the same bits.
+// (|sum| <= 255 * 127 * K fits int32 for K <= 65536; a kQ8Signed trait sums q x itself), and the
+// same float products, (float(total) * scale_w) * d_x: the two layouts give the same bits.
 constexpr int kI8PrefetchLines = 32;  // lines ahead of the stream (2 KB, as Q8_0x16's 4 blocks)
 
 template <int MR>
@@ -187,11 +189,11 @@ void i8_tile(const QuantBlockArgs& a, int64_t m, const uint8_t* group, const flo
   for (int64_t v = 0; v < nv; ++v) {
     __builtin_prefetch(group + (v + kI8PrefetchLines) * 64);
     const typename X::V w = X::load(group + v * 64);
-    for (int r = 0; r < MR; ++r) sum[r] = X::dot4(sum[r], w, xq[r] + 4 * v);
+    for (int r = 0; r < MR; ++r) sum[r] = X::dot4_q8(sum[r], w, xq[r] + 4 * v);
   }
   const typename X::F ws = X::loadf(w_scales);
   for (int r = 0; r < MR; ++r) {
-    const typename X::F total = X::cvt(X::isub_s(sum[r], 128 * xsum[r]));
+    const typename X::F total = X::kQ8Signed ? X::cvt(sum[r]) : X::cvt(X::isub_s(sum[r], 128 * xsum[r]));
     X::store(dst + r * ds, X::mul_s(X::mul(total, ws), a.x.d[(m + r) * a.x.d_stride]));
   }
 }
@@ -217,8 +219,8 @@ inline void i8block(const QuantBlockArgs& a, int64_t m_begin, int64_t m_end, int
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kI8SumRows) {
     const int64_t m1 = m0 + kI8SumRows < m_end ? m0 + kI8SumRows : m_end;
     // sum(x) of each row of x, once (the +128 of the stored weights times it is subtracted)
-    int32_t xsums[kI8SumRows];
-    for (int64_t m = m0; m < m1; ++m) {
+    int32_t xsums[kI8SumRows] = {};
+    for (int64_t m = m0; m < m1 && !X::kQ8Signed; ++m) {
       const int8_t* q = a.x.q + m * a.x.q_stride;
       int32_t s = 0;
       for (int64_t k = 0; k < a.K; ++k) s += q[k];

@@ -123,9 +123,8 @@ _GGML_OF = {repacked: fmt for fmt, repacked in REPACKED.items()}
 def repackable(fmt: str, num_rows: int, isa: str = "auto", K: int | None = None) -> str | None:
     """The repacked format a `fmt` weight of num_rows rows (of K weights, when given) should run as on
     this CPU, or None: row counts in whole groups of 16 (a part of another count keeps the file
-    layout), and ISAs with a SIMD 16-lane kernel (AVX2 and AVX-512; Q8_0 and int8_per_channel need
-    VNNI; int8_per_channel also K a multiple of 4, at most 65536). Elsewhere the ggml-layout / row
-    kernels run the rows as they are."""
+    layout), and ISAs with a SIMD 16-lane kernel (AVX2 and AVX-512; int8_per_channel also K a multiple
+    of 4, at most 65536). Elsewhere the ggml-layout / row kernels run the rows as they are."""
     repacked = REPACKED.get(fmt)
     if repacked is None or num_rows % ROWS or num_rows == 0:
         return None
