@@ -193,19 +193,31 @@ void bind_greedy_decode(py::module_& m) {
              int64_t block_size, const Array<int64_t>& slot_mapping, const Array<int32_t>& block_tables,
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len,
              const py::object& temperature, const py::object& top_k, const py::object& top_p,
-             const py::object& min_p, const py::object& noise) {
+             const py::object& min_p, const py::object& noise, const py::object& edits,
+             const py::object& ban_steps) {
             const kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
                             block_tables, seq_lens, query_start_loc, -1, max_seq_len);
             // A sequence's sampling values, a token's noise row (greedy_decode.h run_steps).
             const SamplingArgs sampling("GreedyDecoder.run_steps", temperature, top_k, top_p, min_p, noise,
                                         step.num_seqs, step.num_tokens, "num_tokens");
+            // The first step's logit edits over the sequences (rows 0..num_seqs-1) and each one's ban steps.
+            if (edits.is_none() != ban_steps.is_none())
+              throw py::value_error("GreedyDecoder.run_steps: edits and ban_steps come together");
+            std::optional<LogitEditsArg> edits_arg;
+            Array<int32_t> ban_steps_a;
+            if (!edits.is_none()) {
+              edits_arg.emplace(edits, step.num_seqs);
+              ban_steps_a = ban_steps.cast<Array<int32_t>>();
+              expect_1d(ban_steps_a, "ban_steps", step.num_seqs);
+            }
             py::array_t<int64_t> tokens(step.num_tokens);  // [num_tokens]
             kernels::Status status;
             {
               py::gil_scoped_release release;
               status = g.run_steps(stack, step, input_ids.data(), positions.data(), tokens.mutable_data(),
-                                   sampling.get());
+                                   sampling.get(), edits_arg ? &edits_arg->params() : nullptr,
+                                   edits_arg ? ban_steps_a.data() : nullptr);
             }
             raise_if_error(status);
             return tokens;
@@ -214,11 +226,14 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("num_blocks"), py::arg("block_size"), py::arg("slot_mapping"), py::arg("block_tables"),
           py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_seq_len"), py::kw_only(),
           py::arg("temperature") = py::none(), py::arg("top_k") = py::none(), py::arg("top_p") = py::none(),
-          py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
+          py::arg("min_p") = py::none(), py::arg("noise") = py::none(), py::arg("edits") = py::none(),
+          py::arg("ban_steps") = py::none(),
           "Several decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
           "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the token of "
           "sequence s's step i (the tokens single steps would give): its argmax, or with temperature, top_k, "
-          "top_p, min_p (a sequence each) and noise [num_tokens, noise_width] (a token each), sample_rows'.")
+          "top_p, min_p (a sequence each) and noise [num_tokens, noise_width] (a token each), sample_rows'; "
+          "with edits (a LogitEdits over the sequences, as the first step's) and ban_steps (int32, a sequence "
+          "each: the steps its min_tokens bans last), each step's logit edits first.")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(
           "seconds",

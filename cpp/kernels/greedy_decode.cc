@@ -153,7 +153,8 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
 }
 
 Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
-                                const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling) {
+                                const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling,
+                                const LogitEditsParams* edits, const int32_t* ban_steps) {
   const int64_t T = step.num_tokens, S = step.num_seqs, B = step.max_blocks_per_seq;
   if (T <= 0 || S <= 0)
     return Status::invalid("greedy_decode: run_steps of " + str(T) + " tokens, " + str(S) + " sequences");
@@ -198,6 +199,10 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     step_top_p_.resize(S);
     step_min_p_.resize(S);
     step_noise_.resize(S * W);
+  }
+  if (edits) {  // likewise: every pair checked now
+    const Status checked = step_edits_.init(*edits, ban_steps, S, head.params.N);
+    if (!checked.is_ok()) return checked;
   }
   step_seqs_.resize(S);
   step_ids_.resize(S);
@@ -258,10 +263,14 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
       rows.min_p = step_min_p_.data();
       rows.noise = step_noise_.data();
     }
+    const LogitEditsParams* step_edits = edits ? &step_edits_.at_step(i, step_seqs_.data(), n) : nullptr;
     const Status st = run(stack, one, step_ids_.data(), step_positions_.data(), step_rows_.data(), n,
-                          step_tokens_.data(), sampling ? &rows : nullptr);
+                          step_tokens_.data(), sampling ? &rows : nullptr, step_edits);
     if (!st.is_ok()) return st;
-    for (int64_t j = 0; j < n; ++j) tokens[qsl[step_seqs_[j]] + i] = step_tokens_[j];
+    for (int64_t j = 0; j < n; ++j) {
+      tokens[qsl[step_seqs_[j]] + i] = step_tokens_[j];
+      if (edits) step_edits_.chose(step_seqs_[j], static_cast<int32_t>(step_tokens_[j]));
+    }
   }
   return Status::ok();
 }

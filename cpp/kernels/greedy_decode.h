@@ -30,6 +30,7 @@
 #include "kernels/kernel_types.h"
 #include "kernels/linear.h"
 #include "kernels/logit_edits.h"
+#include "kernels/multi_step_edits.h"
 #include "kernels/sample_rows.h"
 
 namespace pagedcore {
@@ -83,8 +84,12 @@ struct GreedyDecoder {
   // each SEQUENCE's temperature, top_k, top_p and min_p [num_seqs] and one noise row per TOKEN
   // (noise [num_tokens, noise_width]: row query_start_loc[s] + i is sequence s's step i, drawn as a
   // single step i would draw it); each step's rows then go through sample_rows (temperature 0: argmax).
+  // edits: null, or the logit edits a single step would make before step 0 over the num_seqs sequences
+  // (rows 0..num_seqs-1), with ban_steps [num_seqs] (how many steps each sequence's min_tokens bans
+  // last); each later step's edits add the tokens chosen before it (multi_step_edits.h).
   Status run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
-                   const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling = nullptr);
+                   const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling = nullptr,
+                   const LogitEditsParams* edits = nullptr, const int32_t* ban_steps = nullptr);
 
  private:
   // run_steps' per-step arrays, for the sequences still stepping (step_seqs_: their indices in the call).
@@ -92,6 +97,7 @@ struct GreedyDecoder {
   std::vector<int32_t> step_seq_lens_, step_query_start_, step_tables_;
   std::vector<float> step_temperature_, step_top_p_, step_min_p_, step_noise_;  // sampled steps' rows
   std::vector<int64_t> step_top_k_;
+  MultiStepEdits step_edits_;
 };
 
 }  // namespace kernels

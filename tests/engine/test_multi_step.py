@@ -137,7 +137,7 @@ def test_a_step_the_call_declines_is_verified_as_drafts(tiny_llama, reference, m
     _, folder = tiny_llama
     prompts, expected = reference
     llm = LLM(folder, max_model_len=256, num_scheduler_steps=STEPS)
-    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, sampling=None: None)
+    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, *args: None)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
     ms = llm.llm_engine.multi_step

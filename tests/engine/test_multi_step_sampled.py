@@ -94,7 +94,7 @@ def test_a_declined_sampled_step_samples_its_first_rows_as_single_steps(tiny_lla
     params = mixed_params(4, ignore_eos=True)
     _, single = run(folder, prompts, params, 1)
     llm = LLM(folder, max_model_len=256, num_scheduler_steps=STEPS)
-    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, sampling=None: None)
+    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, *args: None)
     torch.manual_seed(1234)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == single

@@ -165,7 +165,8 @@ class LLMEngine:
         self.multi_step = None
         if config.num_scheduler_steps > 1:
             self.multi_step = MultiStep(config.num_scheduler_steps, self.scheduler, worker, config.block_size,
-                                        config.max_model_len, config.max_num_batched_tokens, mc.vocab_size)
+                                        config.max_model_len, config.max_num_batched_tokens, mc.vocab_size,
+                                        self.eos_token_ids)
             if not worker.can_multi_step():
                 logger.warning("num_scheduler_steps=%d: this model and worker have no one-call decode path "
                                "(a GPU, LoRA, a parallel model or a layer the C++ stack does not run); every "

@@ -1,7 +1,7 @@
 """MultiStep: vLLM's num_scheduler_steps for plain decodes (greedy, or sampled by temperature / top-k /
-top-p / min-p): up to N tokens a sequence in one scheduler step and one C++ call, so the Python around a
-step (schedule, update, outputs: ~0.3-0.6 ms on a 2-core CPU, a tenth of a small model's token) is paid
-once per N tokens.
+top-p / min-p; with penalties, logit bias and min_tokens or without): up to N tokens a sequence in one
+scheduler step and one C++ call, so the Python around a step (schedule, update, outputs: ~0.3-0.6 ms on a
+2-core CPU, a tenth of a small model's token) is paid once per N tokens.
 
 It rides on the scheduler's draft slots (the machinery of speculative decoding):
 
@@ -19,7 +19,9 @@ tokens are the single steps' bit for bit (tests/engine/test_multi_step.py). A sa
 step i is drawn as single step i would draw it (RowSampling.draw_step_noise): seeded requests give the
 single steps' tokens always; unseeded ones (torch's global generator) too, unless a sequence stops
 (EOS, a stop id) before its last step of a multi-step: then the later global draws shift (a different
-but equally distributed sample, as any change of batch gives).
+but equally distributed sample, as any change of batch gives). Penalties, logit bias and min_tokens bans
+are the first step's edits (sampling/logit_edits.py), advanced in C++ by each step's chosen tokens
+(cpp/kernels/multi_step_edits.h): each step edits its logits as that single step would.
 
 Before schedule(), the placeholders are removed when the step could not be one call: a request waiting or
 swapped out, too few free blocks for every slot (no preemption mid-step), or the worker without the path.
@@ -37,14 +39,18 @@ from pagedcore import _core
 from pagedcore.engine.output_processor import has_logit_edits
 from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.ops.argmax import argmax_rows
+from pagedcore.sampling.logit_edits import LogitEdits
+from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
 from pagedcore.sampling.row_sampling import RowSampling
 
 
 def eligible(seq) -> bool:
     """A sequence whose steps need nothing but each token, greedy or sampled by the C++ sampler (temperature,
-    top-k, top-p, min-p): no logit edits, logprobs, grammar or forks."""
+    top-k, top-p, min-p), after its penalties, logit bias and min_tokens bans in C++: no logprobs, grammar
+    or forks."""
     p = seq.params
-    return ((p.temperature == 0 or cpu_sampler.enabled()) and p.logprobs is None and not has_logit_edits(p)
+    return ((p.temperature == 0 or cpu_sampler.enabled()) and p.logprobs is None
+            and (not has_logit_edits(p) or logit_edits_enabled())
             and seq.grammar is None and not seq.request.needs_fork and not seq.finished)
 
 
@@ -55,11 +61,25 @@ def row_sampling(rows, vocab_size: int) -> RowSampling | None:
     return RowSampling.from_params([s.params for s in rows], [s.generator for s in rows], vocab_size)
 
 
+def row_edits(rows, vocab_size: int, eos_token_ids) -> tuple[LogitEdits, np.ndarray] | tuple[None, None]:
+    """The rows' logit edits as a single step makes them now, and how many steps each row's min_tokens
+    bans last (int32 [rows]); (None, None) when no row has an edit."""
+    if not any(has_logit_edits(s.params) for s in rows):
+        return None, None
+    edits = LogitEdits.from_requests(
+        [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=eos_token_ids,
+        prompt_token_ids=[s.request.prompt_token_ids for s in rows], output_token_ids=[s.output_token_ids for s in rows],
+        num_output_tokens=[len(s.output_token_ids) for s in rows])
+    ban_steps = np.array([max(0, s.params.min_tokens - len(s.output_token_ids)) for s in rows], dtype=np.int32)
+    return edits, ban_steps
+
+
 class MultiStep:
     def __init__(self, num_steps: int, scheduler, worker, block_size: int, max_model_len: int,
-                 max_num_batched_tokens: int, vocab_size: int):
+                 max_num_batched_tokens: int, vocab_size: int, eos_token_ids=()):
         self.num_steps = num_steps          # N: tokens a sequence per step, at most
         self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)  # min_tokens bans hold these back
         self.scheduler = scheduler
         self.worker = worker
         self.block_size = block_size
@@ -100,8 +120,11 @@ class MultiStep:
         qsl = step_input.query_start_loc                                    # [num_seqs + 1]
         # Every scheduled sequence is sampled and all its tokens are logits rows: decodes and placeholders only.
         whole = len(rows) == len(step_input.seq_lens) and np.array_equal(np.diff(qsl), counts)
-        tokens = (self.worker.execute_multi_step(step_input, row_sampling(rows, self.vocab_size))
-                  if whole else None)                                       # [num_tokens] or None
+        tokens = None
+        if whole:
+            edits, ban_steps = row_edits(rows, self.vocab_size, self.eos_token_ids)
+            tokens = self.worker.execute_multi_step(step_input, row_sampling(rows, self.vocab_size), edits,
+                                                    ban_steps)                # [num_tokens] or None
         if tokens is None:
             return None
         self.multi_steps += 1
@@ -122,12 +145,15 @@ class MultiStep:
             raise RuntimeError("internal: a multi-step verify step holds a row that is not a plain decode")
         self.verified_steps += 1
         first = torch.from_numpy(out.logits_start_loc[:-1].astype(np.int64)).to(logits.device)  # [num_samples]
-        first_logits = logits.index_select(0, first)                                             # [num_samples, V]
+        first_logits = logits.index_select(0, first).float().contiguous()                        # [num_samples, V]
+        edits, _ = row_edits(rows, first_logits.shape[1], self.eos_token_ids)
+        if edits is not None:
+            edits.apply(first_logits)                                        # as the single step edits them
         sampling = row_sampling(rows, first_logits.shape[1])
         if sampling is None:
             tokens = np.asarray(argmax_rows(first_logits), dtype=np.int64)                       # [num_samples]
         else:
-            tokens = cpu_sampler.sample_rows(first_logits.float().contiguous(), sampling)        # [num_samples]
+            tokens = cpu_sampler.sample_rows(first_logits, sampling)                             # [num_samples]
         result = self.scheduler.update(tokens, None, num_accepted_tokens=np.ones(len(rows), dtype=np.int64))
         return (result, *self._kept(rows, [tokens[i:i + 1] for i in range(len(rows))], result))
 

@@ -72,12 +72,14 @@ class Worker(ABC):
         has no such path (the engine then calls execute_step and samples)."""
         return None
 
-    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
+    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None,
+                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None) -> np.ndarray | None:
         """For a step whose sequences are plain decodes followed by placeholder slots (engine/multi_step.py):
         block moves, then one decode step per slot, each sequence's token feeding its next -> int64
         [step.num_tokens], token query_start_loc[s] + i sequence s's step i: its argmax, or drawn with
-        sampling's row s (a row a sequence; each step's noise drawn as a single step draws it); or None,
-        having run nothing and drawn no noise, where the worker has no such path."""
+        sampling's row s (a row a sequence; each step's noise drawn as a single step draws it), after
+        edits' penalties, bias and bans (the first step's, advanced by the tokens chosen; ban_steps int32
+        [num_seqs]); or None, having run nothing and drawn no noise, where the worker has no such path."""
         return None
 
     def can_multi_step(self) -> bool:
@@ -134,8 +136,9 @@ class InProcessWorker(Worker):
                            edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray | None:
         return self.runner.execute_fused(step, sampling, edits, raw)
 
-    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None) -> np.ndarray | None:
-        return self.runner.execute_multi_step(step, sampling)
+    def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None,
+                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None) -> np.ndarray | None:
+        return self.runner.execute_multi_step(step, sampling, edits, ban_steps)
 
     def can_multi_step(self) -> bool:
         return self.runner.can_multi_step()
