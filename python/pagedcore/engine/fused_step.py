@@ -24,6 +24,15 @@ def plain_rows(engine, rows) -> bool:
             and not any(s.request.needs_fork for s in rows))
 
 
+def rows_edits(rows, vocab_size: int, eos_token_ids) -> LogitEdits | None:
+    """The logit edits of the sequences `rows` as a step over them makes them now (None: no edit)."""
+    return LogitEdits.from_requests(
+        [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=eos_token_ids,
+        prompt_token_ids=[s.request.prompt_token_ids for s in rows],
+        output_token_ids=[s.output_token_ids for s in rows],
+        num_output_tokens=[len(s.output_token_ids) for s in rows])
+
+
 def fused_step(engine, step_input, rows) -> tuple[np.ndarray, SamplerOutput | None] | None:
     """(the step's tokens, their logprobs or None) from one C++ call when its rows are plain, or None
     (nothing run, no noise drawn) for the Python forward and sampler."""
@@ -39,11 +48,7 @@ def fused_step(engine, step_input, rows) -> tuple[np.ndarray, SamplerOutput | No
     vocab_size = op.vocab_size
     sampling = RowSampling.from_params([s.params for s in rows], [s.generator for s in rows],
                                        vocab_size) if sampled else None
-    edits = LogitEdits.from_requests(
-        [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=op.eos_token_ids,
-        prompt_token_ids=[s.request.prompt_token_ids for s in rows],
-        output_token_ids=[s.output_token_ids for s in rows],
-        num_output_tokens=[len(s.output_token_ids) for s in rows]) if edited else None
+    edits = rows_edits(rows, vocab_size, op.eos_token_ids) if edited else None
     wanted = [i for i, s in enumerate(rows) if s.params.logprobs is not None]
     raw = RawLogitRows.of(wanted, vocab_size) if wanted else None
     tokens = engine.worker.execute_fused_step(step_input, sampling, edits, raw)

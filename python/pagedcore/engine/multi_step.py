@@ -39,6 +39,7 @@ from pagedcore import _core
 from pagedcore.engine.output_processor import has_logit_edits
 from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.ops.argmax import argmax_rows
+from pagedcore.engine.fused_step import rows_edits
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
 from pagedcore.sampling.row_sampling import RowSampling
@@ -66,10 +67,7 @@ def row_edits(rows, vocab_size: int, eos_token_ids) -> tuple[LogitEdits, np.ndar
     bans last (int32 [rows]); (None, None) when no row has an edit."""
     if not any(has_logit_edits(s.params) for s in rows):
         return None, None
-    edits = LogitEdits.from_requests(
-        [s.params for s in rows], vocab_size=vocab_size, eos_token_ids=eos_token_ids,
-        prompt_token_ids=[s.request.prompt_token_ids for s in rows], output_token_ids=[s.output_token_ids for s in rows],
-        num_output_tokens=[len(s.output_token_ids) for s in rows])
+    edits = rows_edits(rows, vocab_size, eos_token_ids)
     ban_steps = np.array([max(0, s.params.min_tokens - len(s.output_token_ids)) for s in rows], dtype=np.int32)
     return edits, ban_steps
 
