@@ -55,7 +55,7 @@ import time
 import torch
 
 # (bench/ is the script's directory, so on sys.path)
-from decode_engine import engine_against_floor, engine_against_same_bytes, engine_single_stream
+from decode_engine import engine_against_floor, engine_against_same_bytes, engine_single_stream, load_format
 
 # -- the floor ------------------------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     best_bw = max(bw.values())
 
     for dtype in args.dtype:
-        loaded = _load(dtype)
+        loaded = load_format(dtype)
         model = loaded.model
         wb = weight_bytes_per_token(model)
         floor = best_bw * 1e9 / wb["total"]
@@ -371,19 +371,6 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0
-
-
-def _load(name: str):
-    """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
-    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8)."""
-    from pagedcore.loader import load_model
-    from pagedcore.loader.requantize import load_requantized
-
-    if name in ("q8_0", "q4_0", "q4_1"):
-        return load_requantized(None, name)
-    if name == "int8_per_channel":
-        return load_model(dtype="auto", load_tokenizer=False, quantization=name)
-    return load_model(dtype=name, load_tokenizer=False)
 
 
 def _uptime() -> str:

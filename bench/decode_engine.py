@@ -125,3 +125,16 @@ def _greedy_params(output_len: int):
     from pagedcore.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+
+
+def load_format(name: str):
+    """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
+    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8)."""
+    from pagedcore.loader import load_model
+    from pagedcore.loader.requantize import load_requantized
+
+    if name in ("q8_0", "q4_0", "q4_1"):
+        return load_requantized(None, name)
+    if name == "int8_per_channel":
+        return load_model(dtype="auto", load_tokenizer=False, quantization=name)
+    return load_model(dtype=name, load_tokenizer=False)
