@@ -288,7 +288,7 @@ def main(argv=None) -> int:
                     help="--same-bytes-floor: the engine's multi-step scheduling (tokens a step)")
     ap.add_argument("--same-bytes-floor", type=int, default=0, metavar="ROUNDS",
                     help="only: ROUNDS requests, each decode step followed by a read of as many bytes as "
-                         "its weights; the median per-step ratio read / token is the % of the floor")
+                         "its weights; the median per-step ratio read / token is the %% of the floor")
     args = ap.parse_args(argv)
 
     if args.threads:
