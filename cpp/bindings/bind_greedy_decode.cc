@@ -194,7 +194,7 @@ void bind_greedy_decode(py::module_& m) {
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len,
              const py::object& temperature, const py::object& top_k, const py::object& top_p,
              const py::object& min_p, const py::object& noise, const py::object& edits,
-             const py::object& ban_steps) {
+             const py::object& ban_steps, const py::object& raw_seqs, const py::object& raw_out) {
             const kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
                             block_tables, seq_lens, query_start_loc, -1, max_seq_len);
@@ -211,13 +211,34 @@ void bind_greedy_decode(py::module_& m) {
               ban_steps_a = ban_steps.cast<Array<int32_t>>();
               expect_1d(ban_steps_a, "ban_steps", step.num_seqs);
             }
+            // Raw logits of flagged sequences' tokens (logprobs): flags [num_seqs] and [their tokens, vocab].
+            if (raw_seqs.is_none() != raw_out.is_none())
+              throw py::value_error("GreedyDecoder.run_steps: raw_seqs and raw_out come together");
+            Array<uint8_t> raw_seqs_a;
+            Array<float> raw_out_a;
+            const bool want_raw = !raw_seqs.is_none();
+            if (want_raw) {
+              raw_seqs_a = raw_seqs.cast<Array<uint8_t>>();
+              raw_out_a = raw_out.cast<Array<float>>();
+              expect_1d(raw_seqs_a, "raw_seqs", step.num_seqs);
+              int64_t rows = 0;
+              for (int64_t s = 0; s < step.num_seqs; ++s)
+                if (raw_seqs_a.data()[s]) rows += step.query_start_loc[s + 1] - step.query_start_loc[s];
+              if (raw_out_a.ndim() != 2 || raw_out_a.shape(0) != rows || raw_out_a.shape(1) != g.head.params.N ||
+                  !raw_out_a.writeable())
+                throw py::value_error("GreedyDecoder.run_steps: raw_out must be a writable float32 [" +
+                                      std::to_string(rows) + ", " + std::to_string(g.head.params.N) +
+                                      "] array (the flagged sequences' tokens x the vocabulary)");
+            }
             py::array_t<int64_t> tokens(step.num_tokens);  // [num_tokens]
             kernels::Status status;
             {
               py::gil_scoped_release release;
               status = g.run_steps(stack, step, input_ids.data(), positions.data(), tokens.mutable_data(),
                                    sampling.get(), edits_arg ? &edits_arg->params() : nullptr,
-                                   edits_arg ? ban_steps_a.data() : nullptr);
+                                   edits_arg ? ban_steps_a.data() : nullptr,
+                                   want_raw ? raw_seqs_a.data() : nullptr,
+                                   want_raw ? raw_out_a.mutable_data() : nullptr);
             }
             raise_if_error(status);
             return tokens;
@@ -227,13 +248,15 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("max_seq_len"), py::kw_only(),
           py::arg("temperature") = py::none(), py::arg("top_k") = py::none(), py::arg("top_p") = py::none(),
           py::arg("min_p") = py::none(), py::arg("noise") = py::none(), py::arg("edits") = py::none(),
-          py::arg("ban_steps") = py::none(),
+          py::arg("ban_steps") = py::none(), py::arg("raw_seqs") = py::none(), py::arg("raw_out") = py::none(),
           "Several decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
           "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the token of "
           "sequence s's step i (the tokens single steps would give): its argmax, or with temperature, top_k, "
           "top_p, min_p (a sequence each) and noise [num_tokens, noise_width] (a token each), sample_rows'; "
           "with edits (a LogitEdits over the sequences, as the first step's) and ban_steps (int32, a sequence "
-          "each: the steps its min_tokens bans last), each step's logit edits first.")
+          "each: the steps its min_tokens bans last), each step's logit edits first; with raw_seqs (uint8, a "
+          "sequence each) and raw_out (float32 [flagged sequences' tokens, vocab]), their logits before any "
+          "edit copied out (logprobs).")
       .def_readwrite("timing", &kernels::GreedyDecoder::timing, "Add up seconds per part (see seconds()).")
       .def(
           "seconds",

@@ -154,7 +154,8 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
 
 Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
                                 const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling,
-                                const LogitEditsParams* edits, const int32_t* ban_steps) {
+                                const LogitEditsParams* edits, const int32_t* ban_steps, const uint8_t* raw_seqs,
+                                float* raw_out) {
   const int64_t T = step.num_tokens, S = step.num_seqs, B = step.max_blocks_per_seq;
   if (T <= 0 || S <= 0)
     return Status::invalid("greedy_decode: run_steps of " + str(T) + " tokens, " + str(S) + " sequences");
@@ -199,6 +200,14 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
     step_top_p_.resize(S);
     step_min_p_.resize(S);
     step_noise_.resize(S * W);
+  }
+  const int64_t V = head.params.N;
+  if (raw_seqs) {  // raw_out's row of each flagged sequence's first token
+    if (!raw_out) return Status::invalid("greedy_decode: run_steps: raw_seqs without raw_out");
+    raw_start_.assign(S, -1);
+    int64_t rows = 0;
+    for (int64_t s = 0; s < S; ++s)
+      if (raw_seqs[s]) raw_start_[s] = rows, rows += qsl[s + 1] - qsl[s];
   }
   if (edits) {  // likewise: every pair checked now
     const Status checked = step_edits_.init(*edits, ban_steps, S, head.params.N);
@@ -264,9 +273,19 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
       rows.noise = step_noise_.data();
     }
     const LogitEditsParams* step_edits = edits ? &step_edits_.at_step(i, step_seqs_.data(), n) : nullptr;
+    step_raw_rows_.clear();
+    if (raw_seqs)
+      for (int64_t j = 0; j < n; ++j)
+        if (raw_seqs[step_seqs_[j]]) step_raw_rows_.push_back(j);
+    const int64_t num_raw = static_cast<int64_t>(step_raw_rows_.size());
+    if (step_raw_.size() < static_cast<size_t>(num_raw * V)) step_raw_.resize(num_raw * V);
     const Status st = run(stack, one, step_ids_.data(), step_positions_.data(), step_rows_.data(), n,
-                          step_tokens_.data(), sampling ? &rows : nullptr, step_edits);
+                          step_tokens_.data(), sampling ? &rows : nullptr, step_edits,
+                          num_raw ? step_raw_rows_.data() : nullptr, num_raw, num_raw ? step_raw_.data() : nullptr);
     if (!st.is_ok()) return st;
+    for (int64_t k = 0; k < num_raw; ++k)  // each flagged sequence's row of step i to its token's raw row
+      std::memcpy(raw_out + (raw_start_[step_seqs_[step_raw_rows_[k]]] + i) * V, step_raw_.data() + k * V,
+                  V * sizeof(float));
     for (int64_t j = 0; j < n; ++j) {
       tokens[qsl[step_seqs_[j]] + i] = step_tokens_[j];
       if (edits) step_edits_.chose(step_seqs_[j], static_cast<int32_t>(step_tokens_[j]));

@@ -86,10 +86,13 @@ struct GreedyDecoder {
   // single step i would draw it); each step's rows then go through sample_rows (temperature 0: argmax).
   // edits: null, or the logit edits a single step would make before step 0 over the num_seqs sequences
   // (rows 0..num_seqs-1), with ban_steps [num_seqs] (how many steps each sequence's min_tokens bans
-  // last); each later step's edits add the tokens chosen before it (multi_step_edits.h).
+  // last); each later step's edits add the tokens chosen before it (multi_step_edits.h). raw_seqs:
+  // null, or [num_seqs] flags: the logits of every step of a flagged sequence, before any edit, are
+  // copied into raw_out [sum of the flagged sequences' q_len, V] (their tokens in token order: logprobs).
   Status run_steps(DecoderStack& stack, const DecoderStackParams& step, const int64_t* input_ids,
                    const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling = nullptr,
-                   const LogitEditsParams* edits = nullptr, const int32_t* ban_steps = nullptr);
+                   const LogitEditsParams* edits = nullptr, const int32_t* ban_steps = nullptr,
+                   const uint8_t* raw_seqs = nullptr, float* raw_out = nullptr);
 
  private:
   // run_steps' per-step arrays, for the sequences still stepping (step_seqs_: their indices in the call).
@@ -98,6 +101,8 @@ struct GreedyDecoder {
   std::vector<float> step_temperature_, step_top_p_, step_min_p_, step_noise_;  // sampled steps' rows
   std::vector<int64_t> step_top_k_;
   MultiStepEdits step_edits_;
+  std::vector<int64_t> raw_start_, step_raw_rows_;  // raw_out row of a flagged sequence's first token; a step's
+  std::vector<float> step_raw_;                      // [raw rows of a step, V]
 };
 
 }  // namespace kernels

@@ -1,7 +1,7 @@
 """Multi-step scheduling (vLLM's num_scheduler_steps, engine/multi_step.py): greedy output equals HF's and
 the single-step engine's, token for token and text for text, in every scheduling setting; sampled output
 (temperature, top-k, top-p, min-p; seeded, and unseeded under torch.manual_seed) equals the single
-steps'; stops inside a multi-step cut where single steps stop; arrivals, requests that want logprobs and
+steps'; stops inside a multi-step cut where single steps stop; arrivals, torch-sampled requests and
 aborts make the engine fall back to single steps without changing anything; no block leaks."""
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def test_stops_inside_a_multi_step_cut_where_single_steps_stop(tiny_llama, refer
 
 
 def _drive(folder, steps: int):
-    """One engine, requests arriving and leaving between steps: greedy A and C, sampled B (seeded) that wants
-    logprobs (not a plain decode), D aborted."""
+    """One engine, requests arriving and leaving between steps: greedy A and C, sampled B (seeded; not a
+    plain decode while the C++ sampler is off), D aborted."""
     engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=256, num_scheduler_steps=steps))
     prompts = prompts_with_shared_prefix(4, seed=3)
     done, counts = {}, []
@@ -105,8 +105,7 @@ def _drive(folder, steps: int):
     for i in range(40):
         if i == 3:
             engine.add_request("B", prompt_token_ids=prompts[1],
-                               params=SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=6,
-                                                     logprobs=1))
+                               params=SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=6))
         if i == 6:
             engine.abort_request("D")
         if i == 9:
@@ -120,13 +119,14 @@ def _drive(folder, steps: int):
     return engine, done, counts
 
 
-def test_arrivals_logprob_rows_and_aborts_fall_back_without_changing_tokens(tiny_llama):
+def test_arrivals_torch_sampled_rows_and_aborts_fall_back_without_changing_tokens(tiny_llama, monkeypatch):
     _, folder = tiny_llama
+    monkeypatch.setenv("PAGEDCORE_CPU_SAMPLER", "0")   # B sampled by torch: single steps while it runs
     _, single, _ = _drive(folder, 1)
     engine, multi, counts = _drive(folder, STEPS)
     assert multi == single and set(multi) == {"A", "B", "C"}
     assert counts[-1] > 0                     # multi-steps ran (A alone, then A and C) ...
-    assert counts[4] == counts[3]             # ... but not while B (logprobs) was running
+    assert counts[4] == counts[3]             # ... but not while B was running
     stats = engine.scheduler.stats()
     assert stats.num_free_blocks == engine.scheduler.config.num_gpu_blocks
 

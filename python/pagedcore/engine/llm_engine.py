@@ -313,7 +313,7 @@ class LLMEngine:
         num_samples = len(out.sample_seq_ids)
         beam_step = None
         if multi is not None:
-            (result, process_rows, sampled), sampler_output = multi, None
+            result, process_rows, sampled, sampler_output = multi
             t_sampled = time.perf_counter()
         elif fused_tokens is not None:
             (sampled, sampler_output), process_rows = fused_tokens, rows
@@ -321,8 +321,7 @@ class LLMEngine:
             result = self.scheduler.update(sampled, None)
         elif out.num_draft_tokens and self.multi_step is not None:  # placeholders the one call did not take
             num_samples = len(out.logits_indices)
-            result, process_rows, sampled = self.multi_step.verify(out, logits[:num_samples], rows)
-            sampler_output = None
+            result, process_rows, sampled, sampler_output = self.multi_step.verify(out, logits[:num_samples], rows)
             t_sampled = time.perf_counter()
         elif out.num_draft_tokens:  # speculative decoding: K + 1 rows per drafting sequence (spec_decode/)
             num_samples = len(out.logits_indices)   # prompt-logprob rows follow every sample's rows

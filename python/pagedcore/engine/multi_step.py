@@ -43,15 +43,15 @@ from pagedcore.engine.fused_step import rows_edits
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
 from pagedcore.sampling.row_sampling import RowSampling
+from pagedcore.sampling.sampler import SamplerOutput, with_logprobs
 
 
 def eligible(seq) -> bool:
-    """A sequence whose steps need nothing but each token, greedy or sampled by the C++ sampler (temperature,
-    top-k, top-p, min-p), after its penalties, logit bias and min_tokens bans in C++: no logprobs, grammar
-    or forks."""
+    """A sequence whose steps need nothing but each token (and its logprobs), greedy or sampled by the C++
+    sampler (temperature, top-k, top-p, min-p), after its penalties, logit bias and min_tokens bans in C++:
+    no grammar or forks."""
     p = seq.params
-    return ((p.temperature == 0 or cpu_sampler.enabled()) and p.logprobs is None
-            and (not has_logit_edits(p) or logit_edits_enabled())
+    return ((p.temperature == 0 or cpu_sampler.enabled()) and (not has_logit_edits(p) or logit_edits_enabled())
             and seq.grammar is None and not seq.request.needs_fork and not seq.finished)
 
 
@@ -60,6 +60,35 @@ def row_sampling(rows, vocab_size: int) -> RowSampling | None:
     if all(s.params.temperature == 0 for s in rows):
         return None
     return RowSampling.from_params([s.params for s in rows], [s.generator for s in rows], vocab_size)
+
+
+class RawRows:
+    """The raw logits a multi-step copies out for the sequences that want logprobs: flags uint8 [num_seqs],
+    out float32 [their tokens, V] (token order), start[s] = out's row of flagged sequence s's first token."""
+
+    def __init__(self, rows, counts: np.ndarray, vocab_size: int):
+        self.flags = np.array([s.params.logprobs is not None for s in rows], dtype=np.uint8)        # [S]
+        lens = np.where(self.flags == 1, counts, 0)                                                 # [S]
+        self.start = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)                   # [S]
+        self.out = np.empty((int(lens.sum()), vocab_size), dtype=np.float32)                        # [R, V]
+
+    @staticmethod
+    def of(rows, counts: np.ndarray, vocab_size: int) -> RawRows | None:
+        return RawRows(rows, counts, vocab_size) if any(s.params.logprobs is not None for s in rows) else None
+
+    def sampler_output(self, rows, kept: list[np.ndarray], tokens: np.ndarray) -> SamplerOutput:
+        """Logprobs of the kept tokens (process_rows order: each sequence's kept tokens in turn), from the
+        copies of their rows, as the Sampler computes them."""
+        raw_index, logprob_rows, row = [], [], 0
+        for s, (seq, chosen) in enumerate(zip(rows, kept)):
+            if self.flags[s]:
+                raw_index.extend(range(self.start[s], self.start[s] + len(chosen)))
+                logprob_rows.extend(range(row, row + len(chosen)))
+            row += len(chosen)
+        raw = torch.from_numpy(self.out[np.asarray(raw_index, dtype=np.int64)])                     # [L, V]
+        wanted = max(rows[s].params.logprobs for s in np.flatnonzero(self.flags))
+        return with_logprobs(torch.from_numpy(tokens), raw, wanted,
+                             None if len(logprob_rows) == row else torch.tensor(logprob_rows, dtype=torch.long))
 
 
 def row_edits(rows, vocab_size: int, eos_token_ids) -> tuple[LogitEdits, np.ndarray] | tuple[None, None]:
@@ -111,18 +140,20 @@ class MultiStep:
         self.pending.clear()
 
     def run(self, out, step_input, rows) -> tuple | None:
-        """A scheduled step holding placeholders, in one call: (result, process_rows, tokens) after update;
-        None when the worker does not take it (nothing has run: the caller runs the forward and verify())."""
+        """A scheduled step holding placeholders, in one call: (result, process_rows, tokens, sampler_output
+        (logprobs, or None)) after update; None when the worker does not take it (nothing has run: the
+        caller runs the forward and verify())."""
         start = out.logits_start_loc.astype(np.int64)                       # [num_samples + 1]
         counts = np.diff(start)                                             # [num_samples] 1 + k each
         qsl = step_input.query_start_loc                                    # [num_seqs + 1]
         # Every scheduled sequence is sampled and all its tokens are logits rows: decodes and placeholders only.
         whole = len(rows) == len(step_input.seq_lens) and np.array_equal(np.diff(qsl), counts)
-        tokens = None
+        tokens, raw = None, None
         if whole:
             edits, ban_steps = row_edits(rows, self.vocab_size, self.eos_token_ids)
+            raw = RawRows.of(rows, counts, self.vocab_size)
             tokens = self.worker.execute_multi_step(step_input, row_sampling(rows, self.vocab_size), edits,
-                                                    ban_steps)                # [num_tokens] or None
+                                                    ban_steps, raw)           # [num_tokens] or None
         if tokens is None:
             return None
         self.multi_steps += 1
@@ -131,19 +162,24 @@ class MultiStep:
             if len(chosen) > 1:
                 self.scheduler.set_draft_tokens(seq.seq_id, chosen[:-1])
         result = self.scheduler.update(tokens, None, num_accepted_tokens=counts)
-        return (result, *self._kept(rows, per_seq, result))
+        process_rows, kept_tokens, kept = self._kept(rows, per_seq, result)
+        return result, process_rows, kept_tokens, None if raw is None else raw.sampler_output(rows, kept, kept_tokens)
 
     def verify(self, out, logits: torch.Tensor, rows) -> tuple:
         """A step whose placeholders ran through the forward (logits fp32 [num_logits, V], out.logits_indices
         order): each sequence keeps its first row's token, the one a single step gives (its argmax, or
         sampled with a single step's noise; a placeholder equal to it keeps its KV, as a verified draft
-        does). -> (result, process_rows, tokens). before_schedule() lets placeholders into a step only when
-        every running sequence holds them, so every row here is a plain decode's."""
+        does). -> (result, process_rows, tokens, sampler_output (logprobs, or None)). before_schedule() lets
+        placeholders into a step only when every running sequence holds them, so every row here is a plain
+        decode's."""
         if not all(eligible(s) for s in rows):
             raise RuntimeError("internal: a multi-step verify step holds a row that is not a plain decode")
         self.verified_steps += 1
         first = torch.from_numpy(out.logits_start_loc[:-1].astype(np.int64)).to(logits.device)  # [num_samples]
         first_logits = logits.index_select(0, first).float().contiguous()                        # [num_samples, V]
+        raw = RawRows.of(rows, np.ones(len(rows), dtype=np.int64), first_logits.shape[1])
+        if raw is not None:                                                  # before any edit, as the Sampler's
+            raw.out[:] = first_logits.numpy()[raw.flags == 1]
         edits, _ = row_edits(rows, first_logits.shape[1], self.eos_token_ids)
         if edits is not None:
             edits.apply(first_logits)                                        # as the single step edits them
@@ -153,10 +189,12 @@ class MultiStep:
         else:
             tokens = cpu_sampler.sample_rows(first_logits, sampling)                             # [num_samples]
         result = self.scheduler.update(tokens, None, num_accepted_tokens=np.ones(len(rows), dtype=np.int64))
-        return (result, *self._kept(rows, [tokens[i:i + 1] for i in range(len(rows))], result))
+        process_rows, kept_tokens, kept = self._kept(rows, [tokens[i:i + 1] for i in range(len(rows))], result)
+        return result, process_rows, kept_tokens, None if raw is None else raw.sampler_output(rows, kept, kept_tokens)
 
-    def _kept(self, rows, per_seq, result) -> tuple[list, np.ndarray]:
-        """process_rows and tokens as the scheduler kept them (it drops tokens after a stop)."""
+    def _kept(self, rows, per_seq, result) -> tuple[list, np.ndarray, list[np.ndarray]]:
+        """process_rows, tokens and each sequence's tokens as the scheduler kept them (it drops tokens after a
+        stop)."""
         finished = set(result.finished_seq_ids.tolist()) if len(result.finished_seq_ids) else set()
         process_rows, kept = [], []
         for seq, chosen in zip(rows, per_seq):
@@ -166,7 +204,7 @@ class MultiStep:
                     chosen = chosen[:max(0, info.num_output_tokens - len(seq.output_token_ids))]
             process_rows.extend([seq] * len(chosen))
             kept.append(chosen)
-        return process_rows, (np.concatenate(kept) if kept else np.zeros(0, np.int64))
+        return process_rows, (np.concatenate(kept) if kept else np.zeros(0, np.int64)), kept
 
     def append_placeholders(self, process_rows, allowed: bool = True) -> None:
         """After a step's outputs: placeholders for every running sequence when all are plain decodes

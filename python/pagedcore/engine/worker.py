@@ -73,13 +73,16 @@ class Worker(ABC):
         return None
 
     def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None,
-                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None) -> np.ndarray | None:
+                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None,
+                           raw=None) -> np.ndarray | None:
         """For a step whose sequences are plain decodes followed by placeholder slots (engine/multi_step.py):
         block moves, then one decode step per slot, each sequence's token feeding its next -> int64
         [step.num_tokens], token query_start_loc[s] + i sequence s's step i: its argmax, or drawn with
         sampling's row s (a row a sequence; each step's noise drawn as a single step draws it), after
         edits' penalties, bias and bans (the first step's, advanced by the tokens chosen; ban_steps int32
-        [num_seqs]); or None, having run nothing and drawn no noise, where the worker has no such path."""
+        [num_seqs]); raw (engine/multi_step.py RawRows): the flagged sequences' logits before any edit
+        copied into raw.out (logprobs); or None, having run nothing and drawn no noise, where the worker
+        has no such path."""
         return None
 
     def can_multi_step(self) -> bool:
@@ -137,8 +140,9 @@ class InProcessWorker(Worker):
         return self.runner.execute_fused(step, sampling, edits, raw)
 
     def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None,
-                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None) -> np.ndarray | None:
-        return self.runner.execute_multi_step(step, sampling, edits, ban_steps)
+                           edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None,
+                           raw=None) -> np.ndarray | None:
+        return self.runner.execute_multi_step(step, sampling, edits, ban_steps, raw)
 
     def can_multi_step(self) -> bool:
         return self.runner.can_multi_step()

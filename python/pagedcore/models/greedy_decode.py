@@ -139,18 +139,21 @@ class GreedyDecode:
             raise ValueError(f"GreedyDecode: KV cache {tuple(kv_cache.shape)} does not fit the model")
 
     def run_steps(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
-                  edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None) -> np.ndarray:
+                  edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None, raw=None) -> np.ndarray:
         """Several decode steps in one call (engine/multi_step.py): step's sequences each hold their next
         input then placeholders (query_start_loc); -> int64 [step.num_tokens], token query_start_loc[s] + i
         sequence s's step i as single steps would give it: its argmax, or with sampling (row s: sequence s)
         drawn from noise drawn here step by step (RowSampling.draw_step_noise); edits (row s: sequence s,
         the first step's) and ban_steps (int32 [num_seqs]: steps its min_tokens bans last) edit each step's
-        logits first, advanced by the tokens chosen (cpp/kernels/multi_step_edits.h)."""
+        logits first, advanced by the tokens chosen (cpp/kernels/multi_step_edits.h); raw (engine/multi_step.py
+        RawRows): the flagged sequences' logits of every step, before any edit, copied into raw.out."""
         self._check_cache(kv_cache)
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_seq_len)
         edit_args = {} if edits is None else {"edits": edits, "ban_steps": np.asarray(ban_steps, dtype=np.int32)}
+        if raw is not None:
+            edit_args.update(raw_seqs=raw.flags, raw_out=raw.out)
         if sampling is None:
             return self._decoder.run_steps(*args, **edit_args)
         if sampling.num_rows != len(step.seq_lens) or sampling.vocab_size != self.vocab_size:
