@@ -8,6 +8,7 @@ same tokens. The VM's speed drifts by tens of percent over minutes: alternating 
     .venv/bin/python bench/ab_multi_step.py --steps 8 --rounds 16 --dtype bfloat16
     .venv/bin/python bench/ab_multi_step.py --steps 8 --rounds 16 --temperature 0.8 --top-p 0.95
     .venv/bin/python bench/ab_multi_step.py --steps 8 --rounds 16 --repetition-penalty 1.1 --frequency-penalty 0.3
+    .venv/bin/python bench/ab_multi_step.py --steps 8 --rounds 16 --logprobs 5
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--logprobs", type=int, default=None)
     args = parser.parse_args()
     sampling = dict(temperature=args.temperature, top_p=args.top_p, seed=0 if args.temperature > 0 else None,
-                    repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty)
+                    repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
+                    logprobs=args.logprobs)
     common = dict(dtype=args.dtype, kv_cache_memory="256MiB", max_model_len=2048)
     engines = {1: LLM(**common), args.steps: LLM(num_scheduler_steps=args.steps, **common)}
     prompt = {"prompt_token_ids": [1] + list(range(100, 100 + args.prompt_len - 1))}

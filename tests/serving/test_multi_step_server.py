@@ -59,3 +59,20 @@ def test_a_seeded_sampled_completion_equals_the_offline_single_steps(multi_step_
         client.close()
     assert "".join(chunks) == expected
     assert len([c for c in chunks if c]) < 2 * MAX_TOKENS   # it rode multi-steps
+
+
+def test_streamed_logprobs_equal_the_offline_single_steps(multi_step_server, offline_llm):
+    """logprobs=2 through multi-steps: every streamed token carries the single steps' logprob, in chunks."""
+    expected = offline_llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=2 * MAX_TOKENS, logprobs=2,
+                                                                 ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    client = openai.OpenAI(base_url=multi_step_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        chunks = [c.choices[0] for c in client.completions.create(
+            model="smol", prompt=PROMPTS[1], max_tokens=2 * MAX_TOKENS, temperature=0, logprobs=2, stream=True,
+            extra_body={"ignore_eos": True}) if c.choices]
+    finally:
+        client.close()
+    got = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
+    want = [entry[token].logprob for token, entry in zip(expected.token_ids, expected.logprobs)]
+    assert got == pytest.approx(want, abs=1e-6) and len(got) == 2 * MAX_TOKENS
+    assert len([c for c in chunks if c.text]) < 2 * MAX_TOKENS   # several tokens a chunk: multi-steps ran
