@@ -210,7 +210,7 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
       if (raw_seqs[s]) raw_start_[s] = rows, rows += qsl[s + 1] - qsl[s];
   }
   if (edits) {  // likewise: every pair checked now
-    const Status checked = step_edits_.init(*edits, ban_steps, S, head.params.N);
+    const Status checked = step_edits_.init(*edits, ban_steps, S, V);
     if (!checked.is_ok()) return checked;
   }
   step_seqs_.resize(S);

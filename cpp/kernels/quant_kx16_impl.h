@@ -223,13 +223,7 @@ void kblock(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t
     const int count = static_cast<int>(m1 - m < kMaxRowsK ? m1 - m : kMaxRowsK);
     krows<kKind>(a, m, count, groups + (n / kRowsX16) * nsb, nsb, dst + (m - m0) * ds + (n - n0), ds);
   };
-  if (a.n_outer) {  // few rows of x: each row group is read from memory once
-    for (int64_t n = n0; n < n1; n += kRowsX16)
-      for (int64_t m = m0; m < m1; m += kMaxRowsK) run(m, n);
-  } else {  // rows of x outer: the task's row groups stay in L2
-    for (int64_t m = m0; m < m1; m += kMaxRowsK)
-      for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
-  }
+  for_each_tile(a.n_outer, m0, m1, n0, n1, kMaxRowsK, run);
 }
 
 }  // namespace x16

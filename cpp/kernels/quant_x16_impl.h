@@ -46,6 +46,21 @@ constexpr int kMaxRows = X::kMaxRows;
 // Blocks ahead whose bytes the loop prefetches (the next row group's, at the end of a group).
 constexpr int kPrefetchBlocks = 4;
 
+// The tiles of a task, run(m, n) for rows [m, m + rows_per_tile) of x and the row group at n: with few rows
+// of x (n_outer) each row group is read from memory once; else rows of x outer, so the task's row groups
+// stay in L2. Shared by block(), i8block() and quant_kx16_impl.h's kblock().
+template <class Run>
+inline void for_each_tile(bool n_outer, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int rows_per_tile,
+                          Run&& run) {
+  if (n_outer) {
+    for (int64_t n = n0; n < n1; n += kRowsX16)
+      for (int64_t m = m0; m < m1; m += rows_per_tile) run(m, n);
+  } else {
+    for (int64_t m = m0; m < m1; m += rows_per_tile)
+      for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
+  }
+}
+
 // T, as a type that depends on K (names looked up in it wait for the instantiation).
 template <int K, class T>
 struct Dependent {
@@ -158,13 +173,7 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
     const int count = static_cast<int>(m1 - m < kMaxRows ? m1 - m : kMaxRows);
     rows<kKind>(a, m, count, groups + (n / kRowsX16) * nb, nb, dst + (m - m0) * ds + (n - n0), ds);
   };
-  if (a.n_outer) {  // few rows of x: each row group is read from memory once
-    for (int64_t n = n0; n < n1; n += kRowsX16)
-      for (int64_t m = m0; m < m1; m += kMaxRows) run(m, n);
-  } else {  // rows of x outer: the task's row groups stay in L2
-    for (int64_t m = m0; m < m1; m += kMaxRows)
-      for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
-  }
+  for_each_tile(a.n_outer, m0, m1, n0, n1, kMaxRows, run);
 }
 
 // -- int8 per channel, repacked (kInt8PerChannelX16) -------------------------------------------------
@@ -232,13 +241,7 @@ inline void i8block(const QuantBlockArgs& a, int64_t m_begin, int64_t m_end, int
       i8_rows(a, m, count, a.w + (n / kRowsX16) * group_bytes, a.w_scales + n, xsums + (m - m0),
               out + (m - m0) * ds + (n - n0), ds);
     };
-    if (a.n_outer) {  // few rows of x: each row group is read from memory once
-      for (int64_t n = n0; n < n1; n += kRowsX16)
-        for (int64_t m = m0; m < m1; m += kMaxRows) run(m, n);
-    } else {  // rows of x outer: the task's row groups stay in L2
-      for (int64_t m = m0; m < m1; m += kMaxRows)
-        for (int64_t n = n0; n < n1; n += kRowsX16) run(m, n);
-    }
+    for_each_tile(a.n_outer, m0, m1, n0, n1, kMaxRows, run);
   }
 }
 

@@ -1,6 +1,6 @@
 // The tiny model and step arrays of the GreedyDecoder tests (test_greedy_decode.cc,
 // test_greedy_decode_steps.cc): a one-layer fp32 model with random weights, its KV cache, one step's
-// arrays, and run() = GreedyDecoder::run of a step's rows.
+// arrays, two sampled rows' inputs, and run() = GreedyDecoder::run of a step's rows.
 #pragma once
 
 #include <cmath>
@@ -120,6 +120,29 @@ struct Step {
     p.max_seq_len = max_seq_len;
     return p;
   }
+};
+
+// Row 0 sampled (temperature, top-p), row 1 greedy, and noise_rows rows of Exponential(1) noise from `seed`.
+struct TwoRowSampling {
+  std::vector<float> temperature, top_p, min_p = {0.0f, 0.0f}, noise;
+  std::vector<int64_t> top_k = {V, V};
+  SampleRowsParams params;
+
+  TwoRowSampling(float temp, float p, int64_t noise_rows, unsigned seed)
+      : temperature{temp, 0.0f}, top_p{p, 1.0f} {
+    const int64_t W = sample_noise_width(V);
+    std::mt19937 rng(seed);
+    std::exponential_distribution<float> exponential(1.0f);
+    noise.resize(noise_rows * W);
+    for (float& x : noise) x = exponential(rng);
+    params.temperature = temperature.data();
+    params.top_k = top_k.data();
+    params.top_p = top_p.data();
+    params.min_p = min_p.data();
+    params.noise = noise.data();
+    params.noise_width = W;
+  }
+  TwoRowSampling(const TwoRowSampling&) = delete;  // params points into the vectors
 };
 
 inline std::vector<float> empty_cache() { return std::vector<float>(2 * kBlocks * Hkv * kBlockSize * D, 0.0f); }

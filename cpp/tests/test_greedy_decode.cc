@@ -98,20 +98,8 @@ TEST(greedy_decoder_samples_as_sample_rows_does) {
   std::vector<float> cache_a = empty_cache(), cache_b = empty_cache();
   const Step prefill({{0, 4}, {0, 2}}, 5);
   const std::vector<int64_t> rows = {3, 5};
-  std::vector<float> temperature = {0.9f, 0.0f}, top_p = {0.8f, 1.0f}, min_p = {0.0f, 0.0f};
-  std::vector<int64_t> top_k = {V, V};
-  const int64_t W = sample_noise_width(V);
-  std::mt19937 rng(3);
-  std::exponential_distribution<float> e(1.0f);
-  std::vector<float> noise(2 * W);
-  for (float& n : noise) n = e(rng);
-  SampleRowsParams sampling;
-  sampling.temperature = temperature.data();
-  sampling.top_k = top_k.data();
-  sampling.top_p = top_p.data();
-  sampling.min_p = min_p.data();
-  sampling.noise = noise.data();
-  sampling.noise_width = W;
+  TwoRowSampling sample_rows_in(0.9f, 0.8f, 2, 3);
+  SampleRowsParams& sampling = sample_rows_in.params;
   const std::vector<int64_t> got = run(m, prefill, cache_a, rows, nullptr, &sampling);
 
   std::vector<float> logits = reference_logits(m, prefill, cache_b, rows);
@@ -125,7 +113,7 @@ TEST(greedy_decoder_samples_as_sample_rows_does) {
   CHECK(got == want);
   CHECK(cache_a == cache_b);
 
-  temperature[0] = -1.0f;  // refused before the layers write the cache
+  sample_rows_in.temperature[0] = -1.0f;  // refused before the layers write the cache
   const std::vector<float> before = cache_a;
   Status st;
   run(m, Step({{6, 1}}, 3), cache_a, {0}, &st, &sampling);

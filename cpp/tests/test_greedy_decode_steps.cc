@@ -88,20 +88,9 @@ TEST(run_steps_samples_as_single_steps) {
   TinyModel m;
   std::vector<float> cache_a = empty_cache(), cache_b = empty_cache();
   TwoSequenceSteps steps(m, cache_a);
-  const int64_t W = sample_noise_width(V);
-  std::mt19937 rng(5);
-  std::exponential_distribution<float> exponential(1.0f);
-  std::vector<float> noise(6 * W);  // [num_tokens, W]: sequence 0's steps at rows 0-3, sequence 1's at 4-5
-  for (float& x : noise) x = exponential(rng);
-  const std::vector<float> temperature = {0.8f, 0.0f}, top_p = {0.9f, 1.0f}, min_p = {0.0f, 0.0f};
-  const std::vector<int64_t> top_k = {V, V};
-  SampleRowsParams sampling;
-  sampling.temperature = temperature.data();
-  sampling.top_k = top_k.data();
-  sampling.top_p = top_p.data();
-  sampling.min_p = min_p.data();
-  sampling.noise = noise.data();
-  sampling.noise_width = W;
+  // noise [num_tokens, W]: sequence 0's steps at rows 0-3, sequence 1's at 4-5
+  const TwoRowSampling rows(0.8f, 0.9f, 6, 5);
+  const SampleRowsParams& sampling = rows.params;
   std::vector<int64_t> tokens = steps.run_steps(cache_a, &sampling);
   CHECK(tokens == steps.single(cache_b, &sampling));
   CHECK(cache_a == cache_b);

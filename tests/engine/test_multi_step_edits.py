@@ -7,10 +7,10 @@ single step does."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from pagedcore import LLM, SamplingParams
+from pagedcore import SamplingParams
 from tests.engine.conftest import prompts_with_shared_prefix
+from tests.engine.multi_step_runs import generate
 from tests.engine.test_engine_vs_hf import SETTINGS   # every scheduling setting the HF test holds
 
 MAX_TOKENS = 32
@@ -33,21 +33,12 @@ def edited_params(stop_id: int) -> list[SamplingParams]:
     ]
 
 
-def run(folder, prompts, params, steps, **engine):
-    llm = LLM(folder, max_model_len=256, num_scheduler_steps=steps, **engine)
-    torch.manual_seed(0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    sched = llm.llm_engine.scheduler
-    assert sched.stats().num_free_blocks == sched.config.num_gpu_blocks   # nothing leaked by placeholders
-    return llm, [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
-
-
 @pytest.fixture(scope="module")
 def prompts_and_stop(tiny_llama):
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(6, seed=21)
     # a token the plain greedy runs pick early: min_tokens must hold it back, the bias must push it
-    _, plain = run(folder, prompts, [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * 6, 1)
+    _, plain = generate(folder, prompts, [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * 6, 1)
     return prompts, plain[3][0][2]
 
 
@@ -56,11 +47,11 @@ def test_edited_rows_in_multi_steps_equal_single_steps(tiny_llama, prompts_and_s
     _, folder = tiny_llama
     prompts, stop_id = prompts_and_stop
     params = edited_params(stop_id)
-    _, single = run(folder, prompts, params, 1, **SETTINGS[setting])
-    llm, multi = run(folder, prompts, params, STEPS, **SETTINGS[setting])
+    _, single = generate(folder, prompts, params, 1, **SETTINGS[setting])
+    llm, multi = generate(folder, prompts, params, STEPS, **SETTINGS[setting])
     assert multi == single
     assert llm.llm_engine.multi_step.multi_steps > 0
-    tokens, reason = multi[3]
+    tokens, _, reason = multi[3]
     assert len(tokens) >= 9 and stop_id not in tokens[:8]   # min_tokens held the stop id back ...
     assert reason == "stop" or len(tokens) == MAX_TOKENS      # ... and let it stop afterwards
 
@@ -70,10 +61,10 @@ def test_the_penalties_change_the_tokens_they_should(tiny_llama, prompts_and_sto
     _, folder = tiny_llama
     prompts, stop_id = prompts_and_stop
     params = edited_params(stop_id)
-    _, edited = run(folder, prompts, params, STEPS)
+    _, edited = generate(folder, prompts, params, STEPS)
     plain = [SamplingParams(temperature=p.temperature, seed=p.seed, top_k=p.top_k, max_tokens=p.max_tokens,
                             ignore_eos=True) for p in params]
-    _, unedited = run(folder, prompts, plain, STEPS)
+    _, unedited = generate(folder, prompts, plain, STEPS)
     for i in (0, 1, 2, 5):
         tokens = unedited[i][0]
         if i == 5 and len(set(tokens)) == len(tokens):
@@ -85,12 +76,9 @@ def test_a_declined_edited_step_edits_its_first_rows(tiny_llama, prompts_and_sto
     _, folder = tiny_llama
     prompts, stop_id = prompts_and_stop
     params = edited_params(stop_id)
-    _, single = run(folder, prompts, params, 1)
-    llm = LLM(folder, max_model_len=256, num_scheduler_steps=STEPS)
-    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, *args: None)
-    torch.manual_seed(0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == single
+    _, single = generate(folder, prompts, params, 1)
+    llm, declined = generate(folder, prompts, params, STEPS, monkeypatch=monkeypatch)
+    assert declined == single
     ms = llm.llm_engine.multi_step
     assert ms.multi_steps == 0 and ms.verified_steps > 0
 
@@ -100,5 +88,5 @@ def test_fused_edits_switched_off_keep_edited_rows_single_step(tiny_llama, promp
     monkeypatch.setenv("PAGEDCORE_FUSED_LOGIT_EDITS", "0")
     prompts, _ = prompts_and_stop
     params = [SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.2, ignore_eos=True)] * 2
-    llm, _ = run(folder, prompts[:2], params, STEPS)
+    llm, _ = generate(folder, prompts[:2], params, STEPS)
     assert llm.llm_engine.multi_step.multi_steps == 0

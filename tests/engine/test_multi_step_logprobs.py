@@ -6,10 +6,10 @@ sampled and penalised rows side by side and stops inside a multi-step; the decli
 from __future__ import annotations
 
 import pytest
-import torch
 
-from pagedcore import LLM, SamplingParams
+from pagedcore import SamplingParams
 from tests.engine.conftest import prompts_with_shared_prefix
+from tests.engine.multi_step_runs import generate
 from tests.engine.test_engine_vs_hf import SETTINGS
 
 MAX_TOKENS = 20
@@ -27,20 +27,13 @@ def params_with_logprobs() -> list[SamplingParams]:
     ]
 
 
-def run(folder, prompts, params, steps, llm=None, **engine):
-    llm = llm or LLM(folder, max_model_len=256, num_scheduler_steps=steps, **engine)
-    torch.manual_seed(0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.outputs[0].finish_reason) for o in outs]
-
-
 @pytest.mark.parametrize("setting", ["default", "chunked_prefill", "preempt_recompute"])
 def test_logprobs_in_multi_steps_equal_single_steps(tiny_llama, setting):
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(5, seed=31)
     params = params_with_logprobs()
-    _, single = run(folder, prompts, params, 1, **SETTINGS[setting])
-    llm, multi = run(folder, prompts, params, STEPS, **SETTINGS[setting])
+    _, single = generate(folder, prompts, params, 1, **SETTINGS[setting])
+    llm, multi = generate(folder, prompts, params, STEPS, **SETTINGS[setting])
     assert llm.llm_engine.multi_step.multi_steps > 0
     assert multi == single
     for (tokens, logprobs, _), p in zip(multi, params):
@@ -54,11 +47,11 @@ def test_logprobs_in_multi_steps_equal_single_steps(tiny_llama, setting):
 def test_a_stop_inside_a_multi_step_keeps_the_logprobs_of_the_kept_tokens(tiny_llama):
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(2, seed=32)
-    _, free = run(folder, prompts, [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] * 2, 1)
+    _, free = generate(folder, prompts, [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] * 2, 1)
     params = [SamplingParams(temperature=0, max_tokens=12, logprobs=2, stop_token_ids=[tokens[5]])
               for tokens, _, _ in free]
-    _, single = run(folder, prompts, params, 1)
-    _, multi = run(folder, prompts, params, 8)
+    _, single = generate(folder, prompts, params, 1)
+    _, multi = generate(folder, prompts, params, 8)
     assert multi == single and all(reason == "stop" for _, _, reason in multi)
 
 
@@ -66,9 +59,7 @@ def test_a_declined_step_gives_the_logprobs_too(tiny_llama, monkeypatch):
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(5, seed=33)
     params = params_with_logprobs()
-    _, single = run(folder, prompts, params, 1)
-    llm = LLM(folder, max_model_len=256, num_scheduler_steps=STEPS)
-    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, *args: None)
-    _, multi = run(folder, prompts, params, STEPS, llm=llm)
+    _, single = generate(folder, prompts, params, 1)
+    llm, multi = generate(folder, prompts, params, STEPS, monkeypatch=monkeypatch)
     assert multi == single
     assert llm.llm_engine.multi_step.verified_steps > 0

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from pagedcore import LLM, SamplingParams
+from pagedcore import SamplingParams
 from pagedcore.sampling.noise import exponential_noise
 from pagedcore.sampling.row_sampling import RowSampling
 from tests.engine.conftest import prompts_with_shared_prefix
+from tests.engine.multi_step_runs import generate
 from tests.engine.test_engine_vs_hf import SETTINGS   # every scheduling setting the HF test holds
 
 MAX_TOKENS = 24
@@ -31,26 +32,17 @@ def mixed_params(num: int, max_tokens: int = MAX_TOKENS, **kw) -> list[SamplingP
     return [SamplingParams(max_tokens=max_tokens - (i % 5), **kinds[i % len(kinds)], **kw) for i in range(num)]
 
 
-def run(folder, prompts, params, steps, seed=1234, **engine):
-    llm = LLM(folder, max_model_len=256, num_scheduler_steps=steps, **engine)
-    torch.manual_seed(seed)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    sched = llm.llm_engine.scheduler
-    assert sched.stats().num_free_blocks == sched.config.num_gpu_blocks   # nothing leaked by placeholders
-    return llm, [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
-
-
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_sampled_multi_step_equals_single_steps(tiny_llama, setting):
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(8, seed=5)
     params = mixed_params(8, ignore_eos=True)
-    _, single = run(folder, prompts, params, 1, **SETTINGS[setting])
-    llm, multi = run(folder, prompts, params, STEPS, **SETTINGS[setting])
+    _, single = generate(folder, prompts, params, 1, **SETTINGS[setting])
+    llm, multi = generate(folder, prompts, params, STEPS, **SETTINGS[setting])
     assert multi == single
     assert llm.llm_engine.multi_step.multi_steps > 0
     # The sampled rows were drawn, not their argmaxes (a greedy run of the same prompts differs there).
-    _, greedy = run(folder, prompts, [SamplingParams(temperature=0, max_tokens=p.max_tokens, ignore_eos=True)
+    _, greedy = generate(folder, prompts, [SamplingParams(temperature=0, max_tokens=p.max_tokens, ignore_eos=True)
                                       for p in params], 1, **SETTINGS[setting])
     assert all(m != g for m, g, p in zip(multi, greedy, params) if p.temperature > 0)
     assert all(m == g for m, g, p in zip(multi, greedy, params) if p.temperature == 0)
@@ -62,8 +54,8 @@ def test_sampled_only_batches_run_multi_steps(tiny_llama):
     prompts = prompts_with_shared_prefix(3, seed=8)
     params = [SamplingParams(temperature=0.9, top_p=0.9, seed=10 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
               for i in range(3)]
-    _, single = run(folder, prompts, params, 1)
-    llm, multi = run(folder, prompts, params, 8)
+    _, single = generate(folder, prompts, params, 1)
+    llm, multi = generate(folder, prompts, params, 8)
     assert multi == single
     ms = llm.llm_engine.multi_step
     assert ms.multi_steps > 0 and ms.multi_steps < MAX_TOKENS // 2
@@ -75,14 +67,14 @@ def test_seeded_rows_stopping_inside_a_multi_step_keep_the_single_steps_tokens(t
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(6, seed=9)
     seeded = [SamplingParams(temperature=0.9, top_p=0.95, seed=20 + i, max_tokens=MAX_TOKENS) for i in range(6)]
-    _, free = run(folder, prompts, seeded, 1)
+    _, free = generate(folder, prompts, seeded, 1)
     # a stop id from the middle of each free run's tokens, so stops land inside multi-steps
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=20 + i, max_tokens=MAX_TOKENS,
-                             stop_token_ids=[toks[5 + i]]) for i, (toks, _) in enumerate(free)]
-    _, single = run(folder, prompts, params, 1)
-    llm, multi = run(folder, prompts, params, STEPS)
+                             stop_token_ids=[toks[5 + i]]) for i, (toks, _, _) in enumerate(free)]
+    _, single = generate(folder, prompts, params, 1)
+    llm, multi = generate(folder, prompts, params, STEPS)
     assert multi == single
-    assert sum(reason == "stop" for _, reason in multi) >= 4
+    assert sum(reason == "stop" for _, _, reason in multi) >= 4
     assert llm.llm_engine.multi_step.multi_steps > 0
 
 
@@ -92,12 +84,9 @@ def test_a_declined_sampled_step_samples_its_first_rows_as_single_steps(tiny_lla
     _, folder = tiny_llama
     prompts = prompts_with_shared_prefix(4, seed=12)
     params = mixed_params(4, ignore_eos=True)
-    _, single = run(folder, prompts, params, 1)
-    llm = LLM(folder, max_model_len=256, num_scheduler_steps=STEPS)
-    monkeypatch.setattr(llm.llm_engine.worker, "execute_multi_step", lambda step, *args: None)
-    torch.manual_seed(1234)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == single
+    _, single = generate(folder, prompts, params, 1)
+    llm, declined = generate(folder, prompts, params, STEPS, monkeypatch=monkeypatch)
+    assert declined == single
     ms = llm.llm_engine.multi_step
     assert ms.multi_steps == 0 and ms.verified_steps > 0
 
@@ -108,7 +97,7 @@ def test_the_cpu_sampler_switched_off_keeps_sampled_rows_single_step(tiny_llama,
     monkeypatch.setenv("PAGEDCORE_CPU_SAMPLER", "0")
     prompts = prompts_with_shared_prefix(2, seed=13)
     params = [SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True)] * 2
-    llm, _ = run(folder, prompts, params, STEPS)
+    llm, _ = generate(folder, prompts, params, STEPS)
     assert llm.llm_engine.multi_step.multi_steps == 0
 
 

@@ -101,8 +101,8 @@ class ModelRunner:
         """Decode steps in one C++ call over a step of decode-and-placeholder tokens (engine/multi_step.py;
         sampling: a row a sequence, None for argmaxes; edits and ban_steps: the first step's logit edits
         and each sequence's min_tokens ban steps; raw: multi_step.RawRows for logprobs): int64
-        [step.num_tokens], or None where the one-call
-        decoder does not take the step (nothing run, no noise drawn)."""
+        [step.num_tokens], or None where the one-call decoder does not take the step (nothing run, no noise
+        drawn)."""
         decoder = self._greedy_decoder()
         num_seqs = len(step.seq_lens)  # rows of each one-token step
         if decoder is None or step.num_tokens == 0 or not decoder.takes(num_seqs, num_seqs, self.kv_cache):

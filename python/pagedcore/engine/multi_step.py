@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from pagedcore import _core
+from pagedcore.engine.fused_step import rows_edits
 from pagedcore.engine.output_processor import has_logit_edits
 from pagedcore.ops import sample_rows as cpu_sampler
 from pagedcore.ops.argmax import argmax_rows
-from pagedcore.engine.fused_step import rows_edits
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logit_edits import enabled as logit_edits_enabled
 from pagedcore.sampling.row_sampling import RowSampling
@@ -80,7 +80,7 @@ class RawRows:
         """Logprobs of the kept tokens (process_rows order: each sequence's kept tokens in turn), from the
         copies of their rows, as the Sampler computes them."""
         raw_index, logprob_rows, row = [], [], 0
-        for s, (seq, chosen) in enumerate(zip(rows, kept)):
+        for s, chosen in enumerate(kept):
             if self.flags[s]:
                 raw_index.extend(range(self.start[s], self.start[s] + len(chosen)))
                 logprob_rows.extend(range(row, row + len(chosen)))
@@ -103,7 +103,7 @@ def row_edits(rows, vocab_size: int, eos_token_ids) -> tuple[LogitEdits, np.ndar
 
 class MultiStep:
     def __init__(self, num_steps: int, scheduler, worker, block_size: int, max_model_len: int,
-                 max_num_batched_tokens: int, vocab_size: int, eos_token_ids=()):
+                 max_num_batched_tokens: int, vocab_size: int, eos_token_ids):
         self.num_steps = num_steps          # N: tokens a sequence per step, at most
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)  # min_tokens bans hold these back
