@@ -175,6 +175,7 @@ Status quant_linear(const LinearParams& p, Isa isa) {
   if (!isa_supported(isa))
     return Status::invalid(std::string("linear: this CPU (or build) cannot run the ") + isa_name(isa) + " kernel");
   const QuantBlockFn fn = quant_isa_kernels(isa).formats[static_cast<int>(p.weight_format)];
+  const QuantizeRowsFn quantize_rows = quant_isa_kernels(isa).quantize_rows;  // the ISA's (same bytes)
   if (!fn)
     return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
                            weight_format_name(p.weight_format) + " kernel (the repacked x16 formats run on "
@@ -208,11 +209,11 @@ Status quant_linear(const LinearParams& p, Isa isa) {
     const int64_t rows_per_task = std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(K, 1));
     const int64_t tasks = (M + rows_per_task - 1) / rows_per_task;
     parallel_for(static_cast<int>(tasks), [&](int t, int) {
-      quantize_x_rows(p.x, p.x_dtype, p.x_stride, K, block, t * rows_per_task,
-                      std::min(M, (t + 1) * rows_per_task), qx);
+      quantize_rows(p.x, p.x_dtype, p.x_stride, K, block, t * rows_per_task, std::min(M, (t + 1) * rows_per_task),
+                    qx);
     });
   } else {
-    quantize_x_rows(p.x, p.x_dtype, p.x_stride, K, block, 0, M, qx);
+    quantize_rows(p.x, p.x_dtype, p.x_stride, K, block, 0, M, qx);
   }
 
   QuantBlockArgs args;

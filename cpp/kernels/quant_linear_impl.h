@@ -20,6 +20,7 @@
 #error "define PC_ISA_NAMESPACE and PC_QVEC before including quant_linear_impl.h"
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -274,6 +275,7 @@ void block(const QuantBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 }  // namespace PC_ISA_NAMESPACE
 }  // namespace kernels
 }  // namespace pagedcore
+#include "kernels/quant_activation_impl.h"
 #include "kernels/quant_x16_impl.h"
 #include "kernels/quant_kx16_impl.h"
 namespace pagedcore {
@@ -309,7 +311,7 @@ const QuantIsaKernels kQuantKernels = {{
     /* kDenseF32x16 */ nullptr,
     /* kDenseBf16x16 */ nullptr,
     /* kInt8PerChannelX16 */ PC_X16_I8_FN,
-}};
+}, &x_quant::quantize_rows};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN
 #undef PC_X16_I8_FN
