@@ -43,8 +43,11 @@ using X = PC_X16;
 
 // Rows of x per tile: their int32 and fp32 accumulators stay in registers (X::kMaxRows).
 constexpr int kMaxRows = X::kMaxRows;
-// Blocks ahead whose bytes the loop prefetches (the next row group's, at the end of a group).
-constexpr int kPrefetchBlocks = 4;
+// Blocks ahead whose bytes the loop prefetches (the next row group's, at the end of a group). 12, not 4:
+// a decode token's 120 Q4_1x16 linears took 1.37-1.45 ms at 4 and 1.23-1.25 ms at 12 against a 1.15-1.22 ms
+// read of the same bytes (bench/micro/token_linears.cc, Zen 5, 2026-12-04; Q8_0 3% faster; M = 16 and
+// 128 no slower): each thread needs ~4 KB in flight to stream at the DRAM rate.
+constexpr int kPrefetchBlocks = 12;
 
 // The tiles of a task, run(m, n) for rows [m, m + rows_per_tile) of x and the row group at n: with few rows
 // of x (n_outer) each row group is read from memory once; else rows of x outer, so the task's row groups
