@@ -39,6 +39,13 @@ constexpr int kX16Rows = V::kRegs >= 32 ? 8 : 6;      // rows per tile: 24 / 12 
 
 enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2 };
 
+// Rows per tile of a mode: widening keeps an even and an odd vector per column vector live, so with 16
+// registers (AVX2) 6 rows would need 12 + 4 + 1 = 17 and spill; 5 rows fit (10 + 4 + 1).
+template <int kMode>
+constexpr int x16_rows() {
+  return kMode == kX16Bf16Widen && V::kRegs < 32 ? 5 : kX16Rows;
+}
+
 // dst[i * ds + c] = x[m + i] . W[16 g0 + c] for i < MR, c < 16 NG (raw sums).
 template <int MR, int NG, int kMode>
 inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst, int64_t ds) {
@@ -115,8 +122,8 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
     for (int q = 0; q < NV; ++q) V::store(dst + i * ds + q * W, acc[i * NV + q]);
 }
 
-// The last MR_LEFT (< kX16Rows) rows of a column panel, one tile of exactly that many rows.
-template <int NG, int kMode, int kRest = kX16Rows - 1>
+// The last MR_LEFT (< x16_rows) rows of a column panel, one tile of exactly that many rows.
+template <int NG, int kMode, int kRest = x16_rows<kMode>() - 1>
 inline void x16_rest(const LinearBlockArgs& a, int64_t m, int64_t rest, int64_t g, float* dst, int64_t ds) {
   if constexpr (kRest >= 1) {
     if (rest == kRest) x16_tile<kRest, NG, kMode>(a, m, g, dst, ds);
@@ -129,7 +136,8 @@ template <int NG, int kMode>
 inline void x16_panel(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t g, float* dst,
                       int64_t ds) {
   int64_t m = m_begin;
-  for (; m + kX16Rows <= m_end; m += kX16Rows) x16_tile<kX16Rows, NG, kMode>(a, m, g, dst + (m - m_begin) * ds, ds);
+  constexpr int MR = x16_rows<kMode>();
+  for (; m + MR <= m_end; m += MR) x16_tile<MR, NG, kMode>(a, m, g, dst + (m - m_begin) * ds, ds);
   if (m < m_end) x16_rest<NG, kMode>(a, m, m_end - m, g, dst + (m - m_begin) * ds, ds);
 }
 
