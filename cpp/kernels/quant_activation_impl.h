@@ -17,7 +17,6 @@
 #error "include quant_activation_impl.h from quant_linear_impl.h"
 #endif
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #if defined(__AVX512BW__) || defined(__AVX2__)
@@ -45,7 +44,7 @@ void quantize_rows_with(const void* x, DType x_dtype, int64_t x_stride, int64_t 
     float* d = const_cast<float*>(qx.d) + m * qx.d_stride;
     const int64_t row = m * x_stride;
     for (int64_t b0 = 0; b0 < K; b0 += block) {
-      const int64_t len = std::min(block, K - b0);
+      const int64_t len = K - b0 < block ? K - b0 : block;  // (no std::min: a Debug build emits it weak)
       typename T::F amax = T::set1(0.f);
       for (int64_t k = 0; k < len; k += T::W) amax = T::absmax(amax, T::load(x, x_dtype, row + b0 + k, len - k));
       const float scale = T::reduce_max(amax) / 127.f;

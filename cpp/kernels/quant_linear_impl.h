@@ -20,7 +20,6 @@
 #error "define PC_ISA_NAMESPACE and PC_QVEC before including quant_linear_impl.h"
 #endif
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
