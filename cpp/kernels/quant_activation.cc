@@ -1,7 +1,8 @@
 // Activations quantized per block to int8 (QuantizedX, quant_linear.h): Q8_0 / Q8_1 for the
 // 32-weight block formats, Q8_K (256-blocks with 16-value sums) for the k-quants, one scale per row
-// for int8 per channel. Portable C++ compiled with -ffp-contract=off, so the integers are the same
-// on every ISA and tests can reproduce them exactly in float32 numpy.
+// for int8 per channel. Portable C++ compiled with -ffp-contract=off: these are the reference bytes,
+// which tests reproduce exactly in float32 numpy; each SIMD unit quantizes with its own copy
+// (quant_activation_impl.h), held to these bytes by cpp/tests/test_quant_activation.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
