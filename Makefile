@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pagedcore-deps
 JOBS ?= $(shell nproc)
 
-.PHONY: serve test test-cpp test-py install build sanitize clean
+.PHONY: serve test test-cpp test-py install build sanitize test-emulated clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ sanitize:
 	cmake -S . -B build/asan -G Ninja -DPAGEDCORE_SANITIZE=ON -DPAGEDCORE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
 	cmake --build build/asan -j $(JOBS)
 	ctest --test-dir build/asan --output-on-failure
+
+# The C++ tests, and kernel / model tests in Python, under QEMU posing as AVX2-only and pre-AVX CPUs
+# (needs qemu-user): the run-time dispatch and the AVX2 / generic paths where AVX-512 is truly absent.
+test-emulated: build
+	cmake -S . -B build/cpp -G Ninja -DPAGEDCORE_BUILD_TESTS=ON >/dev/null
+	cmake --build build/cpp -j $(JOBS)
+	cpp/tests/run_emulated_cpus.sh --python build/cpp
 
 serve: build
 	$(VENV)/bin/pagedcore serve $(ARGS)
