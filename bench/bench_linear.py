@@ -131,7 +131,7 @@ def library_variants(w: torch.Tensor) -> dict:
         variants["x16"] = LinearKernel(pack_x16(w), x16=True)
     if w.dtype is torch.bfloat16:  # the widen path converts the weight on every call: timed with it
         variants["widen"] = lambda x: F.linear(x.float(), w.float()).to(torch.bfloat16)
-    if available():
+    if available(w.dtype):
         variants["packed"] = PrepackedWeight(w)
     return variants
 

@@ -16,8 +16,13 @@ from pagedcore.ops import linear as linear_ops
 from pagedcore.ops import linear_dispatch, linear_isa
 from pagedcore.ops.onednn_linear import PrepackedWeight, available, unavailable_reason
 
-needs_onednn = pytest.mark.skipif(not available(),
-                                  reason=f"oneDNN prepacked linear unavailable: {unavailable_reason()}")
+needs_onednn_fp32 = pytest.mark.skipif(not available(torch.float32), reason="oneDNN prepacked linear unavailable: "
+                                       f"{unavailable_reason(torch.float32)}")
+
+
+def skip_without_onednn(dtype: torch.dtype) -> None:
+    if not available(dtype):  # bf16: refused on CPUs without AVX-512 (an AVX2-only EPYC)
+        pytest.skip(f"oneDNN prepacked linear unavailable: {unavailable_reason(dtype)}")
 
 # (M, N, K): SmolLM2's shapes (qkv, o_proj, gate_up, down) at prefill-like rows, and odd sizes.
 SHAPES = [(1, 960, 576), (17, 576, 576), (130, 3072, 576), (64, 576, 1536), (300, 53, 70), (5, 7, 3)]
@@ -36,11 +41,11 @@ def assert_close(got, want, x, w, dtype):
         torch.testing.assert_close(got.double(), want, atol=2e-6 * scale, rtol=1e-5)
 
 
-@needs_onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M,N,K", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_prepacked_equals_f_linear(dtype, M, N, K, with_bias):
+    skip_without_onednn(dtype)
     gen = torch.Generator().manual_seed(M * 7 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     w = (torch.randn(N, K, generator=gen) * 0.1).to(dtype)
@@ -52,7 +57,7 @@ def test_prepacked_equals_f_linear(dtype, M, N, K, with_bias):
     assert_close(got, F.linear(x, w, b).double(), x, w, dtype)
 
 
-@needs_onednn
+@needs_onednn_fp32
 def test_prepacked_takes_leading_dims_and_strided_rows():
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(40, 24, generator=gen)
@@ -83,7 +88,7 @@ def test_threshold_table_is_consulted_per_isa(monkeypatch, isa, flags, fp32, bf1
     row = linear_dispatch.GEMM_PLANS[row_name]
     for dtype, expected in ((torch.float32, fp32), (torch.bfloat16, bf16)):
         plan = linear_dispatch.gemm_plan(dtype)
-        if available() or row[dtype].library != "onednn_packed":
+        if available(dtype) or row[dtype].library != "onednn_packed":
             assert plan == row[dtype]
         else:  # a CPU without oneDNN's packed path (an AVX2-only one posing as this row): the fallback
             assert plan.kernel_max_rows == row[dtype].kernel_max_rows and plan.library in ("torch", "widen")
@@ -91,6 +96,35 @@ def test_threshold_table_is_consulted_per_isa(monkeypatch, isa, flags, fp32, bf1
             assert (plan.kernel_max_rows, plan.library) == expected
         assert linear_ops.max_rows(dtype) == plan.kernel_max_rows  # the layers and the stack read it
     assert linear_ops._slow_bf16_gemm() == (linear_dispatch.gemm_plan(torch.bfloat16).library == "widen")
+
+
+def test_a_dtype_onednn_refuses_falls_back_alone(monkeypatch):
+    """oneDNN refuses bf16 without AVX-512 (an AVX2-only EPYC) but runs fp32 there: the refusal is per
+    dtype, so a bf16 weight falls back to the plan's other library and fp32 keeps the packed path."""
+    for name in ("PAGEDCORE_LINEAR_MAX_ROWS", "PAGEDCORE_LINEAR_LIBRARY", "PAGEDCORE_WIDEN_BF16_GEMM"):
+        monkeypatch.delenv(name, raising=False)
+    from pagedcore.ops import onednn_linear
+
+    def no_bf16(dtype=None):
+        return "" if dtype is torch.float32 else "mkldnn linear failed for bf16: needs avx512bw"
+    monkeypatch.setattr(onednn_linear, "unavailable_reason", no_bf16)
+    linear_dispatch._library_ok.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="needs avx512bw"):
+            PrepackedWeight(torch.ones(8, 16, dtype=torch.bfloat16))
+        row = linear_dispatch.GEMM_PLANS["avx512_bf16"]
+        monkeypatch.setattr(linear_dispatch, "auto_isa", lambda: "avx512_bf16")
+        monkeypatch.setattr(linear_dispatch, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+        assert row[torch.float32].library == "onednn_packed"
+        assert linear_dispatch.gemm_plan(torch.float32) == row[torch.float32]
+        bf16 = linear_dispatch.gemm_plan(torch.bfloat16)
+        assert bf16.kernel_max_rows == row[torch.bfloat16].kernel_max_rows
+        assert bf16.library == row[torch.bfloat16].library != "onednn_packed"  # torch: no fallback needed
+        monkeypatch.setenv("PAGEDCORE_LINEAR_LIBRARY", "onednn_packed")
+        assert linear_dispatch.gemm_plan(torch.bfloat16).library == "torch"   # asked for, refused: falls back
+        assert linear_dispatch.gemm_plan(torch.float32).library == "onednn_packed"
+    finally:
+        linear_dispatch._library_ok.cache_clear()
 
 
 def test_every_row_of_the_table_is_complete():
@@ -141,8 +175,8 @@ def _loaded_layer(dtype, merged: bool, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("library", ["onednn_packed", "torch", "widen"])
 def test_dense_layer_uses_the_plans_library_above_the_kernel_rows(monkeypatch, dtype, library):
-    if library == "onednn_packed" and not available():
-        pytest.skip(f"oneDNN prepacked linear unavailable: {unavailable_reason()}")
+    if library == "onednn_packed":
+        skip_without_onednn(dtype)
     monkeypatch.setenv("PAGEDCORE_LINEAR_MAX_ROWS", "16")
     monkeypatch.setenv("PAGEDCORE_LINEAR_LIBRARY", library)
     gen = torch.Generator().manual_seed(1)

@@ -101,7 +101,7 @@ def peak_gemm_gflops(mc, dtype_name: str, rows=(256, 1024), min_time: float = 0.
     so the fp32 rate is the one its bf16 math can reach."""
     dtype = getattr(torch, dtype_name)
     rate = max(measure_gemm(model_linear_shapes(mc), m, dtype, min_time, lib) for m in rows
-               for lib in _libraries())
+               for lib in _libraries(dtype))
     if dtype is torch.bfloat16:
         rate = max(rate, peak_gemm_gflops(mc, "float32", rows, min_time))
     return rate
@@ -129,7 +129,7 @@ def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32
         dtype = getattr(torch, name)
         per_rows = {m: measure_gemm(shapes, m, dtype, min_time) for m in rows}
         result["gemm"][name] = per_rows
-        if "onednn_packed" in _libraries():
+        if "onednn_packed" in _libraries(dtype):
             packed = {m: measure_gemm(shapes, m, dtype, min_time, "onednn_packed") for m in rows}
             result.setdefault("gemm_onednn_packed", {})[name] = packed
             per_rows = {m: max(per_rows[m], packed[m]) for m in rows}  # the floor's rate: the better library
@@ -140,9 +140,9 @@ def measure_ceilings(model_config, rows=(1, 16, 64, 256, 1024), dtypes=("float32
     return result
 
 
-def _libraries() -> tuple[str, ...]:
+def _libraries(dtype: torch.dtype) -> tuple[str, ...]:
     from pagedcore.ops.onednn_linear import available
-    return ("torch", "onednn_packed") if available() else ("torch",)
+    return ("torch", "onednn_packed") if available(dtype) else ("torch",)
 
 
 def format_ceilings(c: dict) -> str:

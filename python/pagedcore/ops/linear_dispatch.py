@@ -86,11 +86,11 @@ def gemm_isa() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _library_ok(library: str) -> str:
-    """"" if `library` can run here, else why not."""
+def _library_ok(library: str, weight_dtype: torch.dtype) -> str:
+    """"" if `library` can run here for weights of `weight_dtype`, else why not."""
     if library == "onednn_packed":
         from pagedcore.ops.onednn_linear import unavailable_reason
-        return unavailable_reason()
+        return unavailable_reason(weight_dtype)
     return ""
 
 
@@ -120,7 +120,7 @@ def gemm_plan(weight_dtype: torch.dtype, isa: str | None = None) -> GemmPlan:
         library = env_lib
     if library == "widen" and weight_dtype is not torch.bfloat16:
         library = "torch"  # nothing to widen
-    if _library_ok(library):
+    if _library_ok(library, weight_dtype):
         library = "widen" if weight_dtype is torch.bfloat16 and auto_isa() not in ("avx512_bf16",) else "torch"
     if (rows, library, note) == (plan.kernel_max_rows, plan.library, plan.measured):
         return plan

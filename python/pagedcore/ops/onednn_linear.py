@@ -27,8 +27,10 @@ __all__ = ["PrepackedWeight", "available", "unavailable_reason"]
 
 
 @functools.lru_cache(maxsize=None)
-def unavailable_reason() -> str:
-    """Why the prepacked path cannot run in this torch ("" when it can)."""
+def unavailable_reason(dtype: torch.dtype | None = None) -> str:
+    """Why the prepacked path cannot run here for weights of `dtype` (fp32 or bf16; None: for both),
+    "" when it can. Per dtype because oneDNN refuses bf16 on CPUs without AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT (an AVX2-only EPYC: seen on an emulated one, `make test-emulated`) while fp32 runs."""
     if not torch.backends.mkldnn.is_available():
         return "torch was built without mkldnn (oneDNN)"
     try:
@@ -37,18 +39,19 @@ def unavailable_reason() -> str:
     except (AttributeError, RuntimeError) as e:
         return f"torch {torch.__version__} lacks mkldnn::_reorder_linear_weight/_linear_pointwise ({e})"
     try:  # one tiny call of each: the ops can exist and still refuse a dtype at run time
-        for dtype in (torch.float32, torch.bfloat16):
-            w = torch.ones(8, 16, dtype=dtype)  # [N, K]
-            y = run(torch.ones(2, 16, dtype=dtype), reorder(w, None), None, "none", [], "")
+        for probe in (torch.float32, torch.bfloat16) if dtype is None else (dtype,):
+            w = torch.ones(8, 16, dtype=probe)  # [N, K]
+            y = run(torch.ones(2, 16, dtype=probe), reorder(w, None), None, "none", [], "")
             if tuple(y.shape) != (2, 8) or float(y[0, 0]) != 16.0:
-                return f"mkldnn linear gave a wrong result for {dtype} ({y[0, 0]})"
+                return f"mkldnn linear gave a wrong result for {probe} ({y[0, 0]})"
     except RuntimeError as e:
-        return f"mkldnn linear failed: {str(e).splitlines()[0]}"
+        return f"mkldnn linear failed for {dtype or 'fp32 or bf16'}: {str(e).splitlines()[0]}"
     return ""
 
 
-def available() -> bool:
-    return unavailable_reason() == ""
+def available(dtype: torch.dtype | None = None) -> bool:
+    """The prepacked path runs here for `dtype` (None: for fp32 and bf16 both)."""
+    return unavailable_reason(dtype) == ""
 
 
 class PrepackedWeight:
@@ -61,7 +64,7 @@ class PrepackedWeight:
         if weight.dim() != 2 or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"PrepackedWeight takes a 2-D fp32/bf16 CPU weight; got {tuple(weight.shape)} "
                              f"{weight.dtype} on {weight.device}")
-        reason = unavailable_reason()
+        reason = unavailable_reason(weight.dtype)
         if reason:
             raise RuntimeError(f"the oneDNN prepacked linear cannot run here: {reason}")
         self.N, self.K = weight.shape
