@@ -134,10 +134,21 @@ void bind_greedy_decode(py::module_& m) {
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_query_len,
              int64_t max_seq_len, const Array<int64_t>& logits_indices, const py::object& temperature,
              const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise,
-             const py::object& edits, const py::object& raw_rows, const py::object& raw_out) {
-            const kernels::DecoderStackParams step =
+             const py::object& edits, const py::object& raw_rows, const py::object& raw_out,
+             uintptr_t lora_token_indices, uintptr_t lora_segment_slots, uintptr_t lora_segment_starts,
+             int64_t lora_num_segments) {
+            kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
                             block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len);
+            // The step's adapter rows (pagedcore.lora LoRABatch: int32, contiguous), as DecoderStack.run takes
+            // them; the stack's LoRA launcher checks every index before layer 0 writes the cache.
+            if (lora_num_segments < 0 ||
+                (lora_num_segments > 0 && (!lora_token_indices || !lora_segment_slots || !lora_segment_starts)))
+              throw py::value_error("GreedyDecoder.run: LoRA segments need their three arrays and a count >= 0");
+            step.lora.token_indices = ptr<const int32_t>(lora_token_indices);
+            step.lora.segment_slots = ptr<const int32_t>(lora_segment_slots);
+            step.lora.segment_starts = ptr<const int32_t>(lora_segment_starts);
+            step.lora.num_segments = lora_num_segments;
             expect_1d(logits_indices, "logits_indices", -1);
             const int64_t num_rows = logits_indices.shape(0);
             const SamplingArgs sampling("GreedyDecoder.run", temperature, top_k, top_p, min_p, noise, num_rows,
@@ -180,12 +191,16 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("logits_indices"), py::kw_only(), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
           py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
           py::arg("edits") = py::none(), py::arg("raw_rows") = py::none(), py::arg("raw_out") = py::none(),
+          py::arg("lora_token_indices") = 0, py::arg("lora_segment_slots") = 0, py::arg("lora_segment_starts") = 0,
+          py::arg("lora_num_segments") = 0,
           "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]; "
           "with temperature, top_k, top_p, min_p (1-D, a row each) and noise [rows, noise_width] (float32 / int64 "
           "numpy), sample_rows instead of the argmax; with edits (a pagedcore.sampling.logit_edits.LogitEdits), its "
           "logit edits before either; with raw_rows (int64) and raw_out ([len(raw_rows), vocab] float32), those rows' "
-          "logits before any edit copied out (logprobs). kv_cache is a raw pointer (the caller checks the cache "
-          "tensor); every index and sampling value is checked before the cache is written.")
+          "logits before any edit copied out (logprobs); with lora_* (pointers to a LoRABatch's int32 arrays and its "
+          "segment count), the adapter rows' terms in every layer, as DecoderStack.run adds them. kv_cache is a raw "
+          "pointer (the caller checks the cache tensor); every index and sampling value is checked before the cache "
+          "is written.")
       .def(
           "run_steps",
           [](kernels::GreedyDecoder& g, kernels::DecoderStack& stack, const Array<int64_t>& input_ids,

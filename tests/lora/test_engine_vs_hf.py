@@ -50,15 +50,33 @@ def test_adapters_change_the_output(batch):
     assert differing == len(by_prompt), "each adapter should change the greedy output of its prompts"
 
 
+def _count_one_call_adapter_steps(monkeypatch) -> list[int]:
+    """[steps the one-call decoder (models/greedy_decode.py) ran with adapter rows], counted as they run."""
+    from pagedcore.models import greedy_decode
+
+    count = [0]
+    original = greedy_decode.GreedyDecode.__call__
+
+    def counted(decoder, step, kv_cache, *args, **kwargs):
+        batch_ref = decoder.stack.lora_batch
+        count[0] += batch_ref is not None and batch_ref.batch is not None
+        return original(decoder, step, kv_cache, *args, **kwargs)
+    monkeypatch.setattr(greedy_decode.GreedyDecode, "__call__", counted)
+    return count
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_mixed_batch_equals_hf_merged(tiny_base, batch, setting):
+def test_mixed_batch_equals_hf_merged(tiny_base, batch, setting, monkeypatch):
     _, folder = tiny_base
     prompts, requests, expected, models = batch
+    one_call_steps = _count_one_call_adapter_steps(monkeypatch)
     llm = LLM(folder, max_model_len=256, enable_lora=True, max_lora_rank=16, max_cpu_loras=3, **SETTINGS[setting])
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=requests)
     got = [o.outputs[0].token_ids for o in outputs]
     assert got == expected
+    # Adapter steps took the one C++ call (embedding, layers with their adapter terms, head, argmax).
+    assert one_call_steps[0] > 0
     for prompt, out, model in zip(prompts, outputs, models):
         tokens = out.outputs[0].token_ids
         with torch.no_grad():

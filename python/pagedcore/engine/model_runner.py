@@ -78,21 +78,25 @@ class ModelRunner:
         samples. The caller has checked that the rows need nothing else (no beams, grammar, drafts or
         forks) and that no other logits rows are asked for."""
         decoder = self._greedy_decoder() if step.num_tokens else None
-        if decoder is None or not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache,
-                                                sampling, edits, raw):
+        if decoder is None:
+            return None
+        if self.lora_manager is not None:  # the step's adapter rows, read by the call as the Python step reads them
+            self.lora_manager.prepare(step.adapter_ids, step.query_start_loc)
+        if not decoder.takes(step.num_tokens, len(step.logits_indices), self.kv_cache, sampling, edits, raw):
             return None
         self.move_blocks(step)
         return decoder(step, self.kv_cache, sampling, edits, raw)
 
     def _greedy_decoder(self):
-        """The model's one-call decoder as its weights are now, or None (LoRA, a GPU, a model without one)."""
-        if self.lora_manager is not None or self.device.type != "cpu":
+        """The model's one-call decoder as its weights are now, or None (a GPU, a model without one)."""
+        if self.device.type != "cpu":
             return None
         offer = getattr(self.model, "greedy_decoder", None)
         return offer() if offer is not None else None
 
     def can_multi_step(self) -> bool:
-        return self._greedy_decoder() is not None
+        # Multi-step keeps to engines without LoRA: its call takes no adapter rows.
+        return self.lora_manager is None and self._greedy_decoder() is not None
 
     @torch.inference_mode()
     def execute_multi_step(self, step: StepInput, sampling: RowSampling | None = None,
@@ -103,7 +107,7 @@ class ModelRunner:
         and each sequence's min_tokens ban steps; raw: multi_step.RawRows for logprobs): int64
         [step.num_tokens], or None where the one-call decoder does not take the step (nothing run, no noise
         drawn)."""
-        decoder = self._greedy_decoder()
+        decoder = self._greedy_decoder() if self.lora_manager is None else None
         num_seqs = len(step.seq_lens)  # rows of each one-token step
         if decoder is None or step.num_tokens == 0 or not decoder.takes(num_seqs, num_seqs, self.kv_cache):
             return None

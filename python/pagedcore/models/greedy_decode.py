@@ -83,8 +83,6 @@ class GreedyDecode:
         stack = inner._decoder_stack()
         if stack is None:
             return None, f"no decoder stack ({inner.decoder_stack_status.reason})"
-        if stack.lora_batch is not None:
-            return None, "LoRA adapters (the stack's adapter rows come from the Python step)"
         embed = inner.embed_tokens
         held = embed._held_format()
         if held is None or held not in TABLE_FORMATS:
@@ -122,6 +120,9 @@ class GreedyDecode:
               sampling: RowSampling | None = None, edits: LogitEdits | None = None,
               raw: RawLogitRows | None = None) -> bool:
         """Whether this step fits (asked before anything runs: block moves, noise)."""
+        batch_ref = self.stack.lora_batch
+        if batch_ref is not None and batch_ref.batch is not None and not self.stack._lora_hooks:
+            return False  # adapter rows without bound stacks: only the layer loop's hooks know the adapters
         return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
                 and kv_cache.is_cpu
                 and (sampling is None or (sampling.num_rows == num_rows and sampling.vocab_size == self.vocab_size))
@@ -148,6 +149,9 @@ class GreedyDecode:
         logits first, advanced by the tokens chosen (cpp/kernels/multi_step_edits.h); raw (engine/multi_step.py
         RawRows): the flagged sequences' logits of every step, before any edit, copied into raw.out."""
         self._check_cache(kv_cache)
+        if self.stack.lora_batch is not None:
+            raise ValueError("GreedyDecode.run_steps: multi-step does not run an engine with LoRA enabled "
+                             "(its steps take the single-step call)")
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_seq_len)
@@ -175,6 +179,12 @@ class GreedyDecode:
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
         raw_args = {} if raw is None else {"raw_rows": raw.rows, "raw_out": raw.out.numpy()}
+        batch = None if self.stack.lora_batch is None else self.stack.lora_batch.batch
+        if batch is not None:  # this step's adapter rows (LoRAManager.prepare ran for it): the stack adds them
+            raw_args.update(lora_token_indices=batch.token_indices.data_ptr(),
+                            lora_segment_slots=batch.segment_slots.data_ptr(),
+                            lora_segment_starts=batch.segment_starts.data_ptr(),
+                            lora_num_segments=batch.segment_slots.numel())
         if sampling is None:
             return self._decoder.run(*args, edits=edits, **raw_args)
         if sampling.num_rows != len(step.logits_indices) or sampling.vocab_size != self.vocab_size:
