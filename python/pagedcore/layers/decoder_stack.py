@@ -182,10 +182,25 @@ class DecoderStack:
         """Steps this stack ran with adapter rows (tests and benchmarks: the stack took them)."""
         return self._stack.lora_steps
 
+    def adapter_rows_unbound(self) -> bool:
+        """This step has adapter rows but the stack bound no slot stacks: only the layer loop's hooks
+        know the adapters, so neither the stack nor the one-call decoder may take it."""
+        return self.lora_batch is not None and self.lora_batch.batch is not None and not self._lora_hooks
+
+    def lora_args(self) -> tuple[int, int, int, int]:
+        """The step's adapter rows as the C++ calls take them: (token_indices, segment_slots,
+        segment_starts pointers, num_segments) of the LoRABatch LoRAManager.prepare built (int32,
+        contiguous; the C++ launcher checks every index), or zeros without adapter rows."""
+        batch = None if self.lora_batch is None else self.lora_batch.batch
+        if batch is None or not self._lora_hooks:
+            return 0, 0, 0, 0
+        return (batch.token_indices.data_ptr(), batch.segment_slots.data_ptr(), batch.segment_starts.data_ptr(),
+                batch.segment_slots.numel())
+
     def takes(self, hidden: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         """A CPU step of at most max_rows tokens (adapter rows or not: the stack adds their terms)."""
-        if self.lora_batch is not None and self.lora_batch.batch is not None and not self._lora_hooks:
-            return False  # a step batch without bound stacks: only the layer loop's hooks know the adapters
+        if self.adapter_rows_unbound():
+            return False
         return 0 < hidden.shape[0] <= self.max_rows and hidden.is_cpu and kv_cache.is_cpu
 
     def __call__(self, hidden: torch.Tensor, cos_sin: torch.Tensor, kv_cache: torch.Tensor,
@@ -220,15 +235,9 @@ class DecoderStack:
                 "int32 tables and the model's dtype and sizes")
         residual = torch.empty_like(hidden)
         num_actual = m.num_actual_tokens
-        batch = None if self.lora_batch is None else self.lora_batch.batch
-        lora = (0, 0, 0, 0)
-        if batch is not None and self._lora_hooks:
-            # Built by LoRAManager.prepare (int32, contiguous); the C++ launcher checks every index.
-            lora = (batch.token_indices.data_ptr(), batch.segment_slots.data_ptr(), batch.segment_starts.data_ptr(),
-                    batch.segment_slots.numel())
         self._stack.run(hidden.data_ptr(), residual.data_ptr(), T, cos_sin.data_ptr(), kv_cache.data_ptr(),
                         _DTYPE_CODE[kv_cache.dtype], kv_shape[2], kv_shape[4], m.slot_mapping.data_ptr(),
                         m.block_tables.data_ptr(), m.seq_lens.data_ptr(), m.query_start_loc.data_ptr(), num_seqs,
                         m.block_tables.shape[1], m.max_query_len, m.max_seq_len,
-                        -1 if num_actual is None else num_actual, *lora)
+                        -1 if num_actual is None else num_actual, *self.lora_args())
         return hidden, residual

@@ -120,9 +120,8 @@ class GreedyDecode:
               sampling: RowSampling | None = None, edits: LogitEdits | None = None,
               raw: RawLogitRows | None = None) -> bool:
         """Whether this step fits (asked before anything runs: block moves, noise)."""
-        batch_ref = self.stack.lora_batch
-        if batch_ref is not None and batch_ref.batch is not None and not self.stack._lora_hooks:
-            return False  # adapter rows without bound stacks: only the layer loop's hooks know the adapters
+        if self.stack.adapter_rows_unbound():
+            return False
         return (0 < num_tokens <= self.max_rows and num_rows <= min(num_tokens, self.head_max_rows)
                 and kv_cache.is_cpu
                 and (sampling is None or (sampling.num_rows == num_rows and sampling.vocab_size == self.vocab_size))
@@ -179,12 +178,10 @@ class GreedyDecode:
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
         raw_args = {} if raw is None else {"raw_rows": raw.rows, "raw_out": raw.out.numpy()}
-        batch = None if self.stack.lora_batch is None else self.stack.lora_batch.batch
-        if batch is not None:  # this step's adapter rows (LoRAManager.prepare ran for it): the stack adds them
-            raw_args.update(lora_token_indices=batch.token_indices.data_ptr(),
-                            lora_segment_slots=batch.segment_slots.data_ptr(),
-                            lora_segment_starts=batch.segment_starts.data_ptr(),
-                            lora_num_segments=batch.segment_slots.numel())
+        # This step's adapter rows (LoRAManager.prepare ran for it), which the stack adds in every layer.
+        lora = dict(zip(("lora_token_indices", "lora_segment_slots", "lora_segment_starts", "lora_num_segments"),
+                        self.stack.lora_args()))
+        raw_args.update(lora)
         if sampling is None:
             return self._decoder.run(*args, edits=edits, **raw_args)
         if sampling.num_rows != len(step.logits_indices) or sampling.vocab_size != self.vocab_size:
