@@ -49,8 +49,8 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(dtype=args.dtype, load_tokenizer=False)
-    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB"),
-                       loaded=loaded)
+    engine = LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB",
+                                    kv_cache_commit="startup"), loaded=loaded)
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,

@@ -47,7 +47,7 @@ def main() -> None:
     sampling = dict(temperature=args.temperature, top_p=args.top_p, seed=0 if args.temperature > 0 else None,
                     repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
                     logprobs=args.logprobs)
-    common = dict(dtype=args.dtype, kv_cache_memory="256MiB", max_model_len=2048)
+    common = dict(dtype=args.dtype, kv_cache_memory="256MiB", max_model_len=2048, kv_cache_commit="startup")
     engines = {1: LLM(**common), args.steps: LLM(num_scheduler_steps=args.steps, **common)}
     prompt = {"prompt_token_ids": [1] + list(range(100, 100 + args.prompt_len - 1))}
     for llm in engines.values():

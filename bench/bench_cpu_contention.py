@@ -61,7 +61,7 @@ def measure(batch_sizes: list[int], decode_steps: int, repeats: int, warmup_s: f
 
     if os.environ.get("PAGEDCORE_BENCH_THREADS"):
         torch.set_num_threads(int(os.environ["PAGEDCORE_BENCH_THREADS"]))
-    llm = LLM(kv_cache_memory="512MiB", max_model_len=512)
+    llm = LLM(kv_cache_memory="512MiB", max_model_len=512, kv_cache_commit="startup")
     engine = llm.llm_engine
     out = {"start_threads": torch.get_num_threads()}
     n = 0

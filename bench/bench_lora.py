@@ -170,7 +170,8 @@ def main() -> int:
 
     cpu = describe_cpu(cpu_info())
     requests = load_requests(args.workload, args.limit)
-    common = dict(dtype=args.dtype, max_model_len=1024, kv_cache_memory="2GiB", num_threads=args.threads)
+    common = dict(dtype=args.dtype, max_model_len=1024, kv_cache_memory="2GiB", num_threads=args.threads,
+                  kv_cache_commit="startup")
     results = {"cpu": cpu, "dtype": args.dtype, "num_requests": len(requests), "rank": args.rank,
                "num_adapters": args.num_adapters}
     tmp = args.adapters_dir or tempfile.mkdtemp(prefix="bench-lora-")

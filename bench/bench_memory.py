@@ -5,7 +5,8 @@ without bound under load", runnable against any checkout.
              temperature 0.7, max_tokens 8-64); RSS after each round.
     serve:   `pagedcore serve` in a subprocess, 16 concurrent clients for --seconds: streamed chats
              (30% aborted mid-stream), completions and a few bad requests; the server's RSS every
-             --sample-seconds, then once more after it has been idle.
+             --sample-seconds, then once more after it has been idle. (Since the KV cache is committed
+             in the background, RSS climbs to its full size within the first seconds after /health.)
 
     .venv/bin/python bench/bench_memory.py offline --rounds 8
     .venv/bin/python bench/bench_memory.py serve --seconds 180
@@ -37,6 +38,10 @@ def offline(args) -> None:
     t0 = time.perf_counter()
     llm = LLM(**({"kv_cache_memory": args.kv_cache_memory} if args.kv_cache_memory else {}))
     print(f"{time.perf_counter() - t0:7.1f} s  {rss_mib():7.0f} MiB  after LLM()", flush=True)
+    wait = getattr(llm.llm_engine, "wait_for_kv_commit", None)   # checkouts since the background commit
+    if wait is not None:
+        wait()
+        print(f"{time.perf_counter() - t0:7.1f} s  {rss_mib():7.0f} MiB  KV cache committed (background)", flush=True)
     rng = random.Random(args.seed)
     for r in range(args.rounds):
         prompts = [{"prompt_token_ids": [rng.randrange(100, 40000) for _ in range(rng.randint(5, 300))]}

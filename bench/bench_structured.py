@@ -172,7 +172,7 @@ def main() -> None:
 
     print(f"{time.strftime('%Y-%m-%d %H:%M')}  {cpu_description()}  ({load_average()})")
     requests = load_requests(args.workload, args.num_prompts)
-    llm = LLM()
+    llm = LLM(kv_cache_commit="startup")
     ours = {name: measure_schema(llm, requests, SCHEMAS[name], args.rounds, name) for name in args.schemas}
 
     vllm = None

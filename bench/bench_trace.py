@@ -63,7 +63,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-trace-{mode}-", suffix=".log", delete=False)
         cmd = [os.path.join(os.path.dirname(sys.executable), "pagedcore"), "serve", "--port", str(self.port),
-               "--grpc-port", "0", "--uvicorn-log-level", "warning", *extra]
+               "--grpc-port", "0", "--uvicorn-log-level", "warning", "--kv-cache-commit", "startup", *extra]
         if mode == "off":
             cmd.append("--disable-trace")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

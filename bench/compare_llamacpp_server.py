@@ -56,7 +56,7 @@ def server_command(engine: str, dtype: str, args, port: int) -> list[str]:
                 "--host", "127.0.0.1", "--port", str(port)]
     return [os.path.join(os.path.dirname(sys.executable), "pagedcore"), "serve", args.model,
             "--dtype", "auto" if dtype == "q4_1" else dtype, "--port", str(port), "--grpc-port", "0",
-            "--num-threads", str(args.threads), "--disable-trace"]
+            "--num-threads", str(args.threads), "--disable-trace", "--kv-cache-commit", "startup"]
 
 
 def run_one(engine: str, dtype: str, args, port: int) -> dict:

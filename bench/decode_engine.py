@@ -16,7 +16,7 @@ def _engine(loaded, num_scheduler_steps: int = 1):
     from pagedcore.engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig(dtype=loaded.config.dtype, max_model_len=2048, kv_cache_memory="512MiB",
-                                  num_scheduler_steps=num_scheduler_steps), loaded=loaded)
+                                  num_scheduler_steps=num_scheduler_steps, kv_cache_commit="startup"), loaded=loaded)
 
 
 def _one_request(engine, loaded, g, request_id: str, prompt_len: int, output_len: int):

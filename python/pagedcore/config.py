@@ -78,6 +78,10 @@ class EngineConfig:
     kv_cache_memory: int | float | str | None = None  # bytes, '4GiB' or a fraction of available memory; None = 4 GiB capped at 40%
     swap_space: int | float | str = "1GiB"   # CPU swap pool for preemption_mode=swap (bytes or size string)
     num_gpu_blocks_override: int | None = None  # force the number of KV blocks (tests, simulations)
+    # Host memory of the KV cache made resident: "background" (a thread commits it while the engine
+    # serves; engine/host_memory.py) or "startup" (before the engine returns: benchmarks, for a quiet
+    # machine from the first step). No vLLM counterpart: vLLM-CPU zero-fills its cache at start-up.
+    kv_cache_commit: str = "background"
     num_threads: int | None = None           # torch and kernel threads; None = all cores
     seed: int = 0                            # seed of the global sampling generator
     device: str = "cpu"                      # cpu | cuda[:N]
@@ -155,6 +159,8 @@ class EngineConfig:
             fail("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.kv_cache_memory is not None:
             parse_memory_size(self.kv_cache_memory)
+        if self.kv_cache_commit not in ("background", "startup"):
+            fail("kv_cache_commit", "'background' or 'startup'")
         if parse_memory_size(self.swap_space) is None:
             fail("swap_space", "bytes or a size like '1GiB'")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

@@ -2,8 +2,9 @@
 
 The cause was the KV cache: allocated uncommitted, its pages came in one block at a time as the LRU
 free list walked the pool, so RSS grew by ~280 MB a round of 32 random prompts until the whole cache
-was resident. The engine now commits the cache at start-up. The measurement runs in a fresh
-subprocess (pytest's own heap and other tests' models would blur it).
+was resident. The engine now commits the cache at start-up (on a thread by default: the test waits
+for it). The measurement runs in a fresh subprocess (pytest's own heap and other tests' models would
+blur it).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ ROUNDS_SCRIPT = textwrap.dedent("""
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     before = rss_mib()
     from pagedcore import LLM, SamplingParams
-    llm = LLM(kv_cache_memory="1GiB", max_model_len=1024, seed=0)
+    llm = LLM(kv_cache_memory="1GiB", max_model_len=1024, seed=0)   # committed in the background
+    assert llm.llm_engine.wait_for_kv_commit(timeout=300)
     after_start = rss_mib()
     rng = random.Random(0)
     rounds = []

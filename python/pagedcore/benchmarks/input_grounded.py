@@ -44,7 +44,7 @@ def documents(num: int, max_chars: int = 1400) -> list[tuple[str, str]]:
 def build(num_requests: int = 16, max_tokens: int = 192, dtype: str = "float32") -> dict:
     from pagedcore import LLM, SamplingParams
 
-    llm = LLM(dtype=dtype)
+    llm = LLM(dtype=dtype, kv_cache_commit="startup")
     tok = llm.get_tokenizer()
     docs = documents(num_requests)
     prompts, sources = [], []

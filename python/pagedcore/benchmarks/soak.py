@@ -99,7 +99,10 @@ class Soak:
         a = self.args
         cmd = [sys.executable, "-m", "pagedcore.cli", "serve", "--port", str(self.port), "--grpc-port",
                str(self.grpc_port), "--kv-cache-memory", a.kv_cache_memory, "--max-model-len", str(a.max_model_len),
-               "--uvicorn-log-level", "warning", *shlex.split(a.serve_args or "")]
+               "--uvicorn-log-level", "warning",
+               # The cache resident before the first sample: its pages coming in on the commit thread would
+               # read as growth between the halves (a --serve-args value after this one wins).
+               "--kv-cache-commit", "startup", *shlex.split(a.serve_args or "")]
         self.log = open(a.server_log, "w") if a.server_log else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300

@@ -105,9 +105,10 @@ class MPExecutor(Executor):
         return min(kvc.gpu_kv_cache_budget(self.config, total, peak, shape) // block_bytes
                    for total, peak, block_bytes in replies)
 
-    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int,
+                      background_commit: bool = False) -> None:
         """spec: the engine's (unused: each rank allocates num_blocks of its own heads and layers)."""
-        self._call("init_kv_cache", num_blocks, num_cpu_blocks)
+        self._call("init_kv_cache", num_blocks, num_cpu_blocks, background_commit)
         # Fixed from here on: asked once, so readers on other threads never send a call between steps.
         self._memory_reports = self._call("memory_report")
         self.num_parameters = sum(r["num_parameters"] for r in self._memory_reports)

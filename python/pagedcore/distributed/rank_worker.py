@@ -129,13 +129,14 @@ class RankWorker:
             config = shard_config(full, self.rank_info)
         return kvc.KVCacheSpec.of(config, self.init.block_size, full.dtype)
 
-    def init_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> int:
-        """Allocates num_blocks device blocks (and num_cpu_blocks swap blocks) of this rank's shape.
-        Returns the device cache's bytes."""
+    def init_kv_cache(self, num_blocks: int, num_cpu_blocks: int, background_commit: bool = False) -> int:
+        """Allocates num_blocks device blocks (and num_cpu_blocks swap blocks) of this rank's shape, host
+        memory committed on a thread with background_commit. Returns the device cache's bytes."""
         spec = self.kv_cache_spec()
         # [local layers, 2, num_blocks, local kv heads, block, head_dim]
-        kv_cache = kvc.allocate(spec, num_blocks, self.device)
-        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda")
+        kv_cache = kvc.allocate(spec, num_blocks, self.device, background_commit=background_commit)
+        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda",
+                                     background_commit=background_commit)
                         if num_cpu_blocks else None)
         self.runner.bind_kv_cache(kv_cache, cpu_kv_cache)
         return _nbytes(kv_cache)

@@ -113,9 +113,10 @@ class RayExecutor(Executor):
     def load_model(self) -> None:
         self._call("load_model")
 
-    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int,
+                      background_commit: bool = False) -> None:
         """spec: the engine's (unused: each rank allocates num_blocks of its own heads)."""
-        self._call("init_kv_cache", num_blocks, num_cpu_blocks)
+        self._call("init_kv_cache", num_blocks, num_cpu_blocks, background_commit)
         self.num_parameters = sum(r["num_parameters"] for r in self.rank_memory_reports())
 
     def execute_step(self, step: StepInput) -> torch.Tensor:

@@ -134,7 +134,7 @@ def gpu_kv_cache_budget(config: EngineConfig, total_bytes: int, peak_bytes: int,
 
 
 def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu",
-             pin_memory: bool = False) -> torch.Tensor:
+             pin_memory: bool = False, background_commit: bool = False) -> torch.Tensor:
     """Uninitialised (every slot a kernel reads was written first: positions < seq_len) but committed:
     a CPU cache's pages are made resident here (host_memory.commit_pages), so the process holds at
     start what it reserved and its RSS stays flat under load. Left to first touch, the pages came in
@@ -147,11 +147,20 @@ def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "c
     nearly each one is a TLB miss (warm, decode attention ran ~10% faster). Off by default: committing
     4 GiB onto huge pages took 12-13 s at start-up against ~1-2 s in 4 KB pages (THP compaction, AMD
     EPYC Zen 5 KVM guest), and the 64-request benchmark ran no faster (216 vs 215 / 209 output tok/s),
-    as it ran 3-9% slower when the huge pages were faulted in inside the step loop (AVX2 EPYC)."""
+    as it ran 3-9% slower when the huge pages were faulted in inside the step loop (AVX2 EPYC).
+
+    background_commit (EngineConfig.kv_cache_commit="background", the default) returns at once and
+    commits on a thread (host_memory.commit_in_background): the same resident cache seconds later, without
+    holding start-up for it (4 GiB: 22 of a server's 23 s of start-up on a cold VM, 2026-12-04)."""
     cache = torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
     if cache.is_cpu and not pin_memory:
-        t0 = time.perf_counter()
         huge_pages = os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1"
+        if background_commit and not huge_pages:
+            what = f"KV cache [{', '.join(map(str, cache.shape))}]"
+            if host_memory.commit_in_background(cache, what) is not None:
+                logger.info("%s: committing %.2f GiB in the background", what, cache.nbytes / GiB)
+                return cache
+        t0 = time.perf_counter()
         committed, advised = host_memory.commit_pages(cache, huge_pages=huge_pages)
         logger.info("KV cache: %.2f GiB committed in %.2f s (%.2f GiB advised onto huge pages)",
                     committed / GiB, time.perf_counter() - t0, advised / GiB)

@@ -20,6 +20,7 @@ import torch
 from pagedcore import _core
 from pagedcore.config import EngineConfig
 from pagedcore.distributed.parallel_config import executor_backend, machine_kv_cache_spec, parallel_layout
+from pagedcore.engine import host_memory
 from pagedcore.engine import kv_cache as kvc
 from pagedcore.engine.fused_step import fused_step
 from pagedcore.engine.beam_search import BeamSearch
@@ -121,7 +122,8 @@ class LLMEngine:
         if self.draft is not None:
             self.kv_cache_description += "; " + self.draft.describe(num_blocks)
         logger.info(self.kv_cache_description)
-        worker.init_kv_cache(spec, num_blocks + (self.draft.extra_target_blocks if self.draft else 0), num_cpu_blocks)
+        worker.init_kv_cache(spec, num_blocks + (self.draft.extra_target_blocks if self.draft else 0), num_cpu_blocks,
+                             background_commit=config.kv_cache_commit == "background")
         if executor is not None:
             loaded.weight_bytes = {loaded.weight_format: executor.memory_report().weight_bytes}
 
@@ -183,6 +185,11 @@ class LLMEngine:
         shutdown = getattr(self.worker, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+    def wait_for_kv_commit(self, timeout: float | None = None) -> bool:
+        """Waits until this process's KV cache memory is resident (kv_cache_commit="background" commits it on
+        a thread: engine/host_memory.py). True when no commit is left running."""
+        return host_memory.wait_for_background_commits(timeout)
 
     def memory_report(self):
         """The worker's MemoryReport, with a draft model's weights and KV (speculative decoding) filled in."""

@@ -56,8 +56,10 @@ class Worker(ABC):
         """Runs a dummy forward of the given shape through a scratch KV cache and reports the peak."""
 
     @abstractmethod
-    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
-        """Allocates the device KV cache (num_blocks) and the host swap pool (num_cpu_blocks, may be 0)."""
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int,
+                      background_commit: bool = False) -> None:
+        """Allocates the device KV cache (num_blocks) and the host swap pool (num_cpu_blocks, may be 0);
+        background_commit: host memory is committed on a thread (kv_cache.allocate)."""
 
     @abstractmethod
     def execute_step(self, step: StepInput) -> torch.Tensor:
@@ -125,10 +127,12 @@ class InProcessWorker(Worker):
         _, total = torch.cuda.mem_get_info(device)
         return MemoryProfile(total_bytes=total, peak_bytes=peak)
 
-    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> None:
-        kv_cache = kvc.allocate(spec, num_blocks, self.device)
+    def init_kv_cache(self, spec: kvc.KVCacheSpec, num_blocks: int, num_cpu_blocks: int,
+                      background_commit: bool = False) -> None:
+        kv_cache = kvc.allocate(spec, num_blocks, self.device, background_commit=background_commit)
         # Pinned on a GPU machine, so swaps are asynchronous copies.
-        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda")
+        cpu_kv_cache = (kvc.allocate(spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda",
+                                     background_commit=background_commit)
                         if num_cpu_blocks else None)
         self.runner.bind_kv_cache(kv_cache, cpu_kv_cache)
 

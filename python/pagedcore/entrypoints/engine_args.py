@@ -41,6 +41,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "makes preemption reproducible across machines")
     g.add_argument("--kv-cache-memory-bytes", default=None, metavar="BYTES",
                    help="vLLM's name for --kv-cache-memory (bytes or a size like 4GiB); give one of the two")
+    g.add_argument("--kv-cache-commit", default="background", choices=["background", "startup"],
+                   help="when the CPU KV cache's memory is made resident: on a thread while the engine already "
+                        "serves (default; on a VM that backs memory on first touch, 4 GiB takes 10-20 s), or "
+                        "before start-up ends (benchmarks: nothing else running from the first step)")
     g.add_argument("--kv-cache-dtype", default="auto",
                    help="KV cache dtype (vLLM's flag): auto (the activations' dtype), bfloat16 or float32; a "
                         "bfloat16 cache under float32 activations (e.g. a GGUF run as stored) halves the "
@@ -107,6 +111,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         scheduling_policy=args.scheduling_policy, kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads, seed=args.seed, max_logprobs=args.max_logprobs, device=args.device,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
+        kv_cache_commit=getattr(args, "kv_cache_commit", None) or "background",
         speculative_config=getattr(args, "speculative_config", None),
         num_scheduler_steps=getattr(args, "num_scheduler_steps", 1),
         enable_lora=getattr(args, "enable_lora", False), max_loras=getattr(args, "max_loras", 1),

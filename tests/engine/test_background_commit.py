@@ -1,0 +1,114 @@
+"""The KV cache's memory committed on a thread (host_memory.commit_in_background, the default
+kv_cache_commit="background"): the pages become resident, what the engine writes meanwhile is kept,
+a released tensor stops the thread, and without MADV_POPULATE_WRITE the commit falls back to the
+foreground. The engine serves while the commit runs, with the tokens of a cache committed up front."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+import torch
+
+from pagedcore.config import EngineConfig
+from pagedcore.engine import host_memory
+from pagedcore.engine import kv_cache as kvc
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * host_memory._PAGE_SIZE
+
+
+def _needs_populate():
+    if host_memory._madvise() is None:
+        pytest.skip("no libc madvise")
+    probe = mmap.mmap(-1, host_memory._PAGE_SIZE)
+    tensor = torch.frombuffer(probe, dtype=torch.uint8)
+    ok = host_memory.commit_in_background(tensor, "probe")
+    if ok is None:
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    ok.wait()
+
+
+def test_background_commit_makes_a_tensor_resident_and_keeps_concurrent_writes():
+    _needs_populate()
+    num_bytes = 96 * 2**20
+    mapping = mmap.mmap(-1, num_bytes)                       # fresh: never touched
+    tensor = torch.frombuffer(mapping, dtype=torch.float32)   # [num_bytes / 4]
+    before = _rss_bytes()
+    commit = host_memory.commit_in_background(tensor, "test buffer")
+    assert commit is not None
+    # Written while the thread commits: one float a page, from the back (where the thread arrives last).
+    per_page = host_memory._PAGE_SIZE // 4
+    index = torch.arange(tensor.numel() - per_page, -1, -per_page)             # [pages]
+    tensor[index] = index.to(torch.float32)
+    assert commit.wait(timeout=120)
+    assert commit.error is None and not commit.stopped
+    assert commit.committed_bytes >= num_bytes - 2 * host_memory._PAGE_SIZE
+    assert _rss_bytes() - before >= 0.95 * num_bytes
+    assert torch.equal(tensor[index], index.to(torch.float32))                  # no write was undone
+    assert host_memory.wait_for_background_commits(timeout=1)
+    del tensor
+    mapping.close()
+
+
+def test_a_released_tensor_stops_the_commit():
+    _needs_populate()
+    tensor = torch.empty(1024 * 2**20, dtype=torch.uint8)     # [1 GiB]
+    commit = host_memory.commit_in_background(tensor, "released buffer")
+    assert commit is not None
+    del tensor                                               # the thread holds it only during one call
+    assert commit.wait(timeout=120)
+    assert commit.error is None
+    # Stopped at the next chunk (or, on a machine that committed the whole GiB in the meantime, done).
+    assert commit.stopped or commit.committed_bytes == commit.num_bytes
+    if commit.stopped:
+        assert commit.committed_bytes < commit.num_bytes
+
+
+def test_without_populate_the_cache_is_committed_in_the_foreground(monkeypatch):
+    monkeypatch.setattr(host_memory, "_madvise", lambda: None)
+    spec = kvc.KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)
+    before = _rss_bytes()
+    cache = kvc.allocate(spec, 2048, "cpu", background_commit=True)   # [2, 2, 2048, 2, 16, 64] = 64 MiB
+    assert not host_memory._running
+    assert _rss_bytes() - before >= 0.95 * cache.nbytes        # resident when allocate returns
+
+
+def test_kv_cache_commit_is_validated():
+    assert EngineConfig().kv_cache_commit == "background"
+    assert EngineConfig(kv_cache_commit="startup").kv_cache_commit == "startup"
+    with pytest.raises(ValueError, match="kv_cache_commit"):
+        EngineConfig(kv_cache_commit="lazy")
+
+
+def test_cli_flag_reaches_the_config():
+    import argparse
+
+    from pagedcore.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args([])).kv_cache_commit == "background"
+    args = parser.parse_args(["--kv-cache-commit", "startup"])
+    assert engine_config_from_args(args).kv_cache_commit == "startup"
+
+
+def test_the_engine_serves_while_its_cache_is_committed(tiny_llama):
+    """A 1 GiB cache for a tiny model: the steps run while the thread still commits (on a machine that
+    commits a GiB faster than the first steps start, they run after it: the answers are the same)."""
+    from pagedcore import LLM, SamplingParams
+    from tests.engine.conftest import hf_greedy, prompts_with_shared_prefix
+
+    hf_model, folder = tiny_llama
+    llm = LLM(folder, dtype="float32", kv_cache_memory="1GiB", max_model_len=256)   # kv_cache_commit="background"
+    prompts = prompts_with_shared_prefix(6)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf_model, p, 10) for p in prompts]
+    assert llm.llm_engine.wait_for_kv_commit(timeout=300)
+    cache = llm.llm_engine.worker.runner.kv_cache
+    with open("/proc/self/smaps_rollup") as f:   # the process holds the whole cache by now
+        rss_kib = next(int(line.split()[1]) for line in f if line.startswith("Rss:"))
+    assert rss_kib * 1024 >= cache.nbytes
