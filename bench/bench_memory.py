@@ -11,6 +11,7 @@ without bound under load", runnable against any checkout.
     .venv/bin/python bench/bench_memory.py offline --rounds 8
     .venv/bin/python bench/bench_memory.py serve --seconds 180
     .venv/bin/python bench/bench_memory.py commit --gib 4     # time to commit a KV-sized buffer
+    .venv/bin/python bench/bench_memory.py commit --background   # the same on a thread, mmap waits meanwhile
 
 Prints one line per sample: seconds since start, RSS in MiB, and what ran. Run it on the engine
 checkout you want to measure (PYTHONPATH or a worktree's venv).
@@ -139,12 +140,41 @@ def commit(args) -> None:
 
     from pagedcore.engine import host_memory
 
+    if args.background:
+        commit_background(args, torch, host_memory)
+        return
     for huge_pages in (False, True):
         buf = torch.empty(int(args.gib * 2**30), dtype=torch.uint8)
         t = time.perf_counter()
         host_memory.commit_pages(buf, huge_pages=huge_pages)
         print(f"commit {args.gib} GiB, huge_pages={huge_pages}: {time.perf_counter() - t:.2f} s", flush=True)
         del buf
+
+
+def commit_background(args, torch, host_memory) -> None:
+    """The engine's background commit (8 MiB madvise calls), then one call for the whole buffer, each
+    timed, with what the process's own memory mapping waits meanwhile: an mmap + munmap of a 64 MiB
+    tensor every 2 ms (a step's large temporaries take that path)."""
+    chunk_bytes = host_memory._BACKGROUND_CHUNK_BYTES
+    for label, chunk in ((f"{chunk_bytes >> 20} MiB calls", chunk_bytes), ("one call", int(args.gib * 2**30))):
+        host_memory._BACKGROUND_CHUNK_BYTES = chunk
+        buf = torch.empty(int(args.gib * 2**30), dtype=torch.uint8)
+        running = host_memory.commit_in_background(buf, "bench buffer")
+        if running is None:
+            print("no MADV_POPULATE_WRITE here: the engine commits in the foreground")
+            return
+        waits = []
+        while not running.done:
+            t = time.perf_counter()
+            scratch = torch.empty(64 * 2**20, dtype=torch.uint8)
+            del scratch
+            waits.append(time.perf_counter() - t)
+            time.sleep(0.002)
+        waits.sort()
+        print(f"commit {args.gib} GiB in the background, {label}: {running.seconds:.2f} s; {len(waits)} mmap+munmap "
+              f"meanwhile, median {waits[len(waits) // 2] * 1e3:.2f} ms, max {waits[-1] * 1e3:.1f} ms", flush=True)
+        del buf
+    host_memory._BACKGROUND_CHUNK_BYTES = chunk_bytes
 
 
 def main() -> None:
@@ -159,6 +189,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8470)
     p = sub.add_parser("commit")
     p.add_argument("--gib", type=float, default=4)
+    p.add_argument("--background", action="store_true",
+                   help="the engine's background commit: its time and what an mmap waits meanwhile")
     for p in sub.choices.values():
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--kv-cache-memory", default=None)

@@ -12,8 +12,9 @@ the step loop.
 On a VM whose guest memory the host backs only when first touched, that commit is slow: 4 GiB took
 9.6-21.9 s on the Zen 5 Firecracker guest (2026-12-04), nearly all of a server's start-up, for a model
 that loads in one second. So the engine commits in the background by default (commit_in_background):
-the server answers from the first second, the cache's pages come in over the next seconds on a thread
-of their own, and RSS still reaches its full size within those seconds, not hours later under load.
+the server answers from the first second, and the cache's pages come in on an idle-priority thread,
+in the seconds after start-up (minutes where requests keep every core busy from the first second),
+not in the step loop hours later.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from pagedcore import _core
 
 _MADV_POPULATE_WRITE = 23   # Linux >= 5.14: fault the pages in, writable, inside one system call
 _PAGE_SIZE = mmap.PAGESIZE
-# A background commit's madvise calls: the kernel holds the process's mmap lock (read) through one call,
-# and every mmap / munmap / brk of the engine's own allocations waits for it; 8 MiB took ~45 ms on the
-# cold guest above (~4 ms warm), so no step waits long.
-_BACKGROUND_CHUNK_BYTES = 8 * 2**20
+# A background commit's madvise calls. The kernel holds the process's mmap lock through a call, and the
+# engine's own mmap / munmap (a step's large temporaries) wait for it: with one call for 4 GiB an mmap +
+# munmap of 64 MiB waited the whole commit (1.9-3.9 s, warm), with 1 MiB calls 17-22 ms (median; at most
+# 45 ms) on the Zen 5 guest, Linux 6.18 (`bench/bench_memory.py commit --background`). Between two calls
+# the thread also lets go of the tensor, so a released cache stops the commit.
+_BACKGROUND_CHUNK_BYTES = 2**20
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def commit_pages(tensor: torch.Tensor, huge_pages: bool = False) -> tuple[int, i
 
 
 class BackgroundCommit:
-    """commit_pages on a daemon thread, 8 MiB a madvise call, for a tensor that is in use meanwhile.
+    """commit_pages on a daemon thread, 1 MiB a madvise call, for a tensor that is in use meanwhile.
 
     MADV_POPULATE_WRITE never writes data: a page the engine has written already is left as it is, and
     one it has not is a zero page either way, so the engine may write the cache from the first moment.
@@ -112,6 +115,7 @@ class BackgroundCommit:
 
     def _run(self, begin: int, end: int, madvise) -> None:
         t0 = time.perf_counter()
+        _idle_priority()
         try:
             at = begin
             while at < end:
@@ -148,6 +152,15 @@ class BackgroundCommit:
 
 
 _running: set[BackgroundCommit] = set()
+
+
+def _idle_priority() -> None:
+    """This thread runs only where a core would idle otherwise (SCHED_IDLE; on Linux the call sets the
+    calling thread's policy, not the process's)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 def commit_in_background(tensor: torch.Tensor, what: str = "KV cache") -> BackgroundCommit | None:
