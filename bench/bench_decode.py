@@ -11,6 +11,8 @@ a decode step's time goes, op by op.
                       # each decode step against a read of as many bytes, right after it
     .venv/bin/python bench/bench_decode.py --dtype auto --same-bytes-floor 3 --num-scheduler-steps 8
                       # the same with multi-step scheduling (8 tokens a step, one C++ call)
+    .venv/bin/python bench/bench_decode.py --dtype auto --same-bytes-floor 3 --num-scheduler-steps 8 \
+        --floor-reads-after request   # the reads after each request: they no longer evict a step's caches
     .venv/bin/python bench/bench_decode.py --dtype q8_0 q4_0 int8_per_channel --same-bytes-floor 3
                       # the other weight formats: the default GGUF re-quantized at load to Q8_0 / Q4_0
                       # (loader/requantize.py), and int8 per channel (W8A8) from its dequantised weights
@@ -289,6 +291,9 @@ def main(argv=None) -> int:
     ap.add_argument("--same-bytes-floor", type=int, default=0, metavar="ROUNDS",
                     help="only: ROUNDS requests, each decode step followed by a read of as many bytes as "
                          "its weights; the median per-step ratio read / token is the %% of the floor")
+    ap.add_argument("--floor-reads-after", choices=["step", "request"], default="step",
+                    help="--same-bytes-floor: read the bytes after each step (the floor within milliseconds, "
+                         "but the read evicts the next step's caches) or after each request")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -313,9 +318,10 @@ def main(argv=None) -> int:
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
         if args.same_bytes_floor:
             res = engine_against_same_bytes(loaded, wb["total"], args.same_bytes_floor, 64, args.output_len,
-                                            args.num_scheduler_steps)
+                                            args.num_scheduler_steps, args.floor_reads_after)
             entry["same_bytes_floor"] = res
-            print(f"{res['steps']} steps: token {res['token_ms']:.2f} ms, the same bytes read in "
+            print(f"{res['steps']} steps (reads after each {args.floor_reads_after}): token {res['token_ms']:.2f} ms, "
+                  f"the same bytes read in "
                   f"{res['read_ms']:.2f} ms "
                   f"({res['read_gbps']:.1f} GB/s): median per step {100 * res['of_floor']:.0f}% of the floor; the C++ "
                   f"call alone {100 * res['call_of_floor']:.0f}%, {res['outside_call_ms']:.2f} ms a token outside it",

@@ -15,11 +15,6 @@ from pagedcore.engine import host_memory
 from pagedcore.engine import kv_cache as kvc
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * host_memory._PAGE_SIZE
-
-
 def _needs_populate():
     if host_memory._madvise() is None:
         pytest.skip("no libc madvise")
@@ -36,7 +31,7 @@ def test_background_commit_makes_a_tensor_resident_and_keeps_concurrent_writes()
     num_bytes = 96 * 2**20
     mapping = mmap.mmap(-1, num_bytes)                       # fresh: never touched
     tensor = torch.frombuffer(mapping, dtype=torch.float32)   # [num_bytes / 4]
-    before = _rss_bytes()
+    assert host_memory.resident_fraction(tensor) == 0
     commit = host_memory.commit_in_background(tensor, "test buffer")
     assert commit is not None
     # Written while the thread commits: one float a page, from the back (where the thread arrives last).
@@ -46,7 +41,7 @@ def test_background_commit_makes_a_tensor_resident_and_keeps_concurrent_writes()
     assert commit.wait(timeout=120)
     assert commit.error is None and not commit.stopped
     assert commit.committed_bytes >= num_bytes - 2 * host_memory._PAGE_SIZE
-    assert _rss_bytes() - before >= 0.95 * num_bytes
+    assert host_memory.resident_fraction(tensor) == 1
     assert torch.equal(tensor[index], index.to(torch.float32))                  # no write was undone
     assert host_memory.wait_for_background_commits(timeout=1)
     del tensor
@@ -70,10 +65,9 @@ def test_a_released_tensor_stops_the_commit():
 def test_without_populate_the_cache_is_committed_in_the_foreground(monkeypatch):
     monkeypatch.setattr(host_memory, "_madvise", lambda: None)
     spec = kvc.KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)
-    before = _rss_bytes()
     cache = kvc.allocate(spec, 2048, "cpu", background_commit=True)   # [2, 2, 2048, 2, 16, 64] = 64 MiB
     assert not host_memory._running
-    assert _rss_bytes() - before >= 0.95 * cache.nbytes        # resident when allocate returns
+    assert host_memory.resident_fraction(cache) == 1                     # resident when allocate returns
 
 
 def test_kv_cache_commit_is_validated():
@@ -108,7 +102,4 @@ def test_the_engine_serves_while_its_cache_is_committed(tiny_llama):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf_model, p, 10) for p in prompts]
     assert llm.llm_engine.wait_for_kv_commit(timeout=300)
-    cache = llm.llm_engine.worker.runner.kv_cache
-    with open("/proc/self/smaps_rollup") as f:   # the process holds the whole cache by now
-        rss_kib = next(int(line.split()[1]) for line in f if line.startswith("Rss:"))
-    assert rss_kib * 1024 >= cache.nbytes
+    assert host_memory.resident_fraction(llm.llm_engine.worker.runner.kv_cache) == 1

@@ -70,11 +70,6 @@ def _thp_available() -> bool:
         return False
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * host_memory._PAGE_SIZE
-
-
 @pytest.mark.parametrize("huge_pages", [False, True])
 @pytest.mark.parametrize("populate", ["madvise", "touch"])
 def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate):
@@ -84,7 +79,7 @@ def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate)
     # A fresh anonymous mapping: never touched, whatever the allocator caches from earlier tests.
     mapping = mmap.mmap(-1, num_bytes)
     tensor = torch.frombuffer(mapping, dtype=torch.float32)    # [num_bytes / 4]
-    before = _rss_bytes()
+    assert host_memory.resident_fraction(tensor) == 0
     committed, advised = host_memory.commit_pages(tensor, huge_pages=huge_pages)
     assert committed == num_bytes
     assert advised <= num_bytes
@@ -92,7 +87,7 @@ def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate)
         assert advised == 0 or huge_pages
     else:
         assert advised > 0
-    assert _rss_bytes() - before >= 0.95 * num_bytes
+    assert host_memory.resident_fraction(tensor) == 1
     del tensor
     mapping.close()
 

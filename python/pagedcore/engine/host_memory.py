@@ -179,6 +179,23 @@ def commit_in_background(tensor: torch.Tensor, what: str = "KV cache") -> Backgr
     return BackgroundCommit(tensor, begin, end, madvise, what)
 
 
+def resident_fraction(tensor: torch.Tensor) -> float:
+    """Share of a contiguous CPU tensor's whole pages that are resident now (mincore): its own pages,
+    whatever the rest of the process allocates or frees meanwhile, which a difference of the process's
+    RSS is not (tests; in a full run the garbage collector freed another test's memory between two
+    readings of RSS)."""
+    num_bytes, begin, end = _whole_pages(tensor)
+    pages = (end - begin) // _PAGE_SIZE
+    if pages <= 0:
+        return 1.0
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    vec = ctypes.create_string_buffer(pages)                          # [pages] bit 0: resident
+    if libc.mincore(begin, end - begin, vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore: " + os.strerror(ctypes.get_errno()))
+    return sum(b & 1 for b in vec.raw) / pages
+
+
 def wait_for_background_commits(timeout: float | None = None) -> bool:
     """Waits for every background commit of this process (benchmarks: a quiet machine before timing;
     tests: a resident cache). True when none is left running."""
