@@ -152,29 +152,33 @@ def commit(args) -> None:
 
 
 def commit_background(args, torch, host_memory) -> None:
-    """The engine's background commit (8 MiB madvise calls), then one call for the whole buffer, each
+    """The engine's background commit (host_memory._BACKGROUND_CHUNK_BYTES a madvise call), then one call
+    for the whole buffer, each
     timed, with what the process's own memory mapping waits meanwhile: an mmap + munmap of a 64 MiB
     tensor every 2 ms (a step's large temporaries take that path)."""
     chunk_bytes = host_memory._BACKGROUND_CHUNK_BYTES
-    for label, chunk in ((f"{chunk_bytes >> 20} MiB calls", chunk_bytes), ("one call", int(args.gib * 2**30))):
-        host_memory._BACKGROUND_CHUNK_BYTES = chunk
-        buf = torch.empty(int(args.gib * 2**30), dtype=torch.uint8)
-        running = host_memory.commit_in_background(buf, "bench buffer")
-        if running is None:
-            print("no MADV_POPULATE_WRITE here: the engine commits in the foreground")
-            return
-        waits = []
-        while not running.done:
-            t = time.perf_counter()
-            scratch = torch.empty(64 * 2**20, dtype=torch.uint8)
-            del scratch
-            waits.append(time.perf_counter() - t)
-            time.sleep(0.002)
-        waits.sort()
-        print(f"commit {args.gib} GiB in the background, {label}: {running.seconds:.2f} s; {len(waits)} mmap+munmap "
-              f"meanwhile, median {waits[len(waits) // 2] * 1e3:.2f} ms, max {waits[-1] * 1e3:.1f} ms", flush=True)
-        del buf
-    host_memory._BACKGROUND_CHUNK_BYTES = chunk_bytes
+    try:
+        for label, chunk in ((f"{chunk_bytes >> 20} MiB calls", chunk_bytes), ("one call", int(args.gib * 2**30))):
+            host_memory._BACKGROUND_CHUNK_BYTES = chunk
+            buf = torch.empty(int(args.gib * 2**30), dtype=torch.uint8)
+            running = host_memory.commit_in_background(buf, "bench buffer")
+            if running is None:
+                print("no MADV_POPULATE_WRITE here: the engine commits in the foreground")
+                return
+            waits = []
+            while not running.done:
+                t = time.perf_counter()
+                scratch = torch.empty(64 * 2**20, dtype=torch.uint8)
+                del scratch
+                waits.append(time.perf_counter() - t)
+                time.sleep(0.002)
+            waits.sort()
+            print(f"commit {args.gib} GiB in the background, {label}: {running.seconds:.2f} s; {len(waits)} "
+                  f"mmap+munmap meanwhile, median {waits[len(waits) // 2] * 1e3:.2f} ms, max {waits[-1] * 1e3:.1f} ms",
+                  flush=True)
+            del buf
+    finally:
+        host_memory._BACKGROUND_CHUNK_BYTES = chunk_bytes
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ foreground. The engine serves while the commit runs, with the tokens of a cache 
 from __future__ import annotations
 
 import mmap
+import threading
 
 import pytest
 import torch
@@ -48,18 +49,29 @@ def test_background_commit_makes_a_tensor_resident_and_keeps_concurrent_writes()
     mapping.close()
 
 
-def test_a_released_tensor_stops_the_commit():
+def test_a_released_tensor_stops_the_commit(monkeypatch):
     _needs_populate()
-    tensor = torch.empty(1024 * 2**20, dtype=torch.uint8)     # [1 GiB]
+    real = host_memory._madvise()
+    in_first_chunk, release = threading.Event(), threading.Event()
+    calls = []
+
+    def madvise(addr, length, advice):   # the thread's first chunk waits until the tensor is gone
+        calls.append(length)
+        if len(calls) == 2:               # call 1: commit_in_background's probe of one page
+            in_first_chunk.set()
+            release.wait(60)
+        return real(addr, length, advice)
+
+    monkeypatch.setattr(host_memory, "_madvise", lambda: madvise)
+    tensor = torch.empty(64 * 2**20, dtype=torch.uint8)       # [64 MiB]: 64 chunks
     commit = host_memory.commit_in_background(tensor, "released buffer")
-    assert commit is not None
-    del tensor                                               # the thread holds it only during one call
-    assert commit.wait(timeout=120)
-    assert commit.error is None
-    # Stopped at the next chunk (or, on a machine that committed the whole GiB in the meantime, done).
-    assert commit.stopped or commit.committed_bytes == commit.num_bytes
-    if commit.stopped:
-        assert commit.committed_bytes < commit.num_bytes
+    assert commit is not None and in_first_chunk.wait(60)
+    del tensor                        # the thread holds it only during a call: freed when that call ends
+    release.set()
+    assert commit.wait(timeout=60)
+    assert commit.error is None and commit.stopped
+    assert commit.committed_bytes == host_memory._BACKGROUND_CHUNK_BYTES   # the one chunk under way
+    assert len(calls) == 2
 
 
 def test_without_populate_the_cache_is_committed_in_the_foreground(monkeypatch):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import mmap
 import os
@@ -44,14 +45,24 @@ _BACKGROUND_CHUNK_BYTES = 2**20
 logger = logging.getLogger(__name__)
 
 
-def _madvise():
+@functools.lru_cache(maxsize=None)
+def _libc():
+    """The C library, loaded once (errno kept for the calls below); None where it cannot be loaded."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        return libc.madvise
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
         return None
+
+
+def _madvise():
+    libc = _libc()
+    try:
+        madvise = libc.madvise
+    except AttributeError:   # no libc, or one without madvise
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def _whole_pages(tensor: torch.Tensor) -> tuple[int, int, int]:
@@ -188,10 +199,10 @@ def resident_fraction(tensor: torch.Tensor) -> float:
     pages = (end - begin) // _PAGE_SIZE
     if pages <= 0:
         return 1.0
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    mincore = _libc().mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     vec = ctypes.create_string_buffer(pages)                          # [pages] bit 0: resident
-    if libc.mincore(begin, end - begin, vec) != 0:
+    if mincore(begin, end - begin, vec) != 0:
         raise OSError(ctypes.get_errno(), "mincore: " + os.strerror(ctypes.get_errno()))
     return sum(b & 1 for b in vec.raw) / pages
 

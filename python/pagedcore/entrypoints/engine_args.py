@@ -43,7 +43,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="vLLM's name for --kv-cache-memory (bytes or a size like 4GiB); give one of the two")
     g.add_argument("--kv-cache-commit", default="background", choices=["background", "startup"],
                    help="when the CPU KV cache's memory is made resident: on a thread while the engine already "
-                        "serves (default; on a VM that backs memory on first touch, 4 GiB takes 10-20 s), or "
+                        "serves (default; on a VM that backs memory on first touch, 4 GiB took 10-22 s), or "
                         "before start-up ends (benchmarks: nothing else running from the first step)")
     g.add_argument("--kv-cache-dtype", default="auto",
                    help="KV cache dtype (vLLM's flag): auto (the activations' dtype), bfloat16 or float32; a "
