@@ -1,8 +1,8 @@
 // A decode token's K/V reads for one sequence in two cache layouts, as the decoder stack reaches them:
 // 30 layers, `num_blocks` blocks of 16 tokens at scattered ids, 3 kv heads, head_dim 64, bf16, with a
 // 2 MB read of other data (a layer's weights) before each layer and a 96 MB eviction before the token.
-//   layer-major [layers, 2, blocks, kv heads, 16, D]  (the engine's cache today)
-//   block-major [blocks, layers, 2, kv heads, 16, D]  (a sequence's planes of every layer in one region)
+//   layer-major [layers, 2, blocks, kv heads, 16, D]  (a GPU cache; the CPU cache until 2026-12-04)
+//   block-major [blocks, layers, 2, kv heads, 16, D]  (the CPU cache since: a block's planes of every layer together)
 // Time of the K/V reads only, median of 40 tokens, one thread.
 //   kv_layout_reads [num_blocks=32] [prefetch planes ahead=0]
 // Build: g++ -O2 -mavx512f -std=c++17 bench/micro/kv_layout_reads.cc -o /tmp/kv_layout_reads

@@ -17,7 +17,7 @@ void bind_attention(py::module_& m) {
       [](uintptr_t key, uintptr_t value, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slot_mapping,
          int64_t num_tokens, int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
          int64_t key_stride_token, int64_t key_stride_head, int64_t value_stride_token,
-         int64_t value_stride_head, int32_t src_dtype, int32_t cache_dtype) {
+         int64_t value_stride_head, int32_t src_dtype, int32_t cache_dtype, int64_t kv_block_stride) {
         kernels::ReshapeAndCacheParams p;
         p.key = ptr<const void>(key);
         p.value = ptr<const void>(value);
@@ -29,6 +29,7 @@ void bind_attention(py::module_& m) {
         p.head_size = head_size;
         p.num_blocks = num_blocks;
         p.block_size = block_size;
+        p.kv_block_stride = kv_block_stride;
         p.key_stride_token = key_stride_token;
         p.key_stride_head = key_stride_head;
         p.value_stride_token = value_stride_token;
@@ -46,6 +47,7 @@ void bind_attention(py::module_& m) {
       py::arg("num_tokens"), py::arg("num_kv_heads"), py::arg("head_size"), py::arg("num_blocks"),
       py::arg("block_size"), py::arg("key_stride_token"), py::arg("key_stride_head"),
       py::arg("value_stride_token"), py::arg("value_stride_head"), py::arg("src_dtype"), py::arg("cache_dtype"),
+      py::arg("kv_block_stride") = 0,
       "Raw-pointer entry of pagedcore.ops.attention.reshape_and_cache (call that instead).");
   m.def(
       "paged_attention_cpu",
@@ -54,8 +56,9 @@ void bind_attention(py::module_& m) {
          int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
          int64_t max_blocks_per_seq, int64_t q_stride_token, int64_t q_stride_head,
          int64_t out_stride_token, int64_t out_stride_head, int32_t q_dtype, int32_t cache_dtype,
-         double scale, int64_t max_query_len, int64_t max_seq_len) {
+         double scale, int64_t max_query_len, int64_t max_seq_len, int64_t kv_block_stride) {
         kernels::PagedAttentionParams p;
+        p.kv_block_stride = kv_block_stride;
         p.out = ptr<void>(out);
         p.query = ptr<const void>(query);
         p.key_cache = ptr<const void>(key_cache);
@@ -92,12 +95,13 @@ void bind_attention(py::module_& m) {
       py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_size"), py::arg("num_blocks"),
       py::arg("block_size"), py::arg("max_blocks_per_seq"), py::arg("q_stride_token"), py::arg("q_stride_head"),
       py::arg("out_stride_token"), py::arg("out_stride_head"), py::arg("q_dtype"), py::arg("cache_dtype"),
-      py::arg("scale"), py::arg("max_query_len"), py::arg("max_seq_len"),
+      py::arg("scale"), py::arg("max_query_len"), py::arg("max_seq_len"), py::arg("kv_block_stride") = 0,
       "Raw-pointer entry of pagedcore.ops.attention.paged_attention (call that instead).");
   m.def(
       "copy_blocks_cpu",
       [](uintptr_t src, uintptr_t dst, uintptr_t block_mapping, int64_t num_pairs, int64_t num_planes,
-         int64_t src_num_blocks, int64_t dst_num_blocks, int64_t block_bytes) {
+         int64_t src_num_blocks, int64_t dst_num_blocks, int64_t block_bytes, int64_t src_plane_stride,
+         int64_t src_block_stride, int64_t dst_plane_stride, int64_t dst_block_stride) {
         kernels::CopyBlocksParams p;
         p.src = ptr<const void>(src);
         p.dst = ptr<void>(dst);
@@ -107,6 +111,10 @@ void bind_attention(py::module_& m) {
         p.src_num_blocks = src_num_blocks;
         p.dst_num_blocks = dst_num_blocks;
         p.block_bytes = block_bytes;
+        p.src_plane_stride = src_plane_stride;
+        p.src_block_stride = src_block_stride;
+        p.dst_plane_stride = dst_plane_stride;
+        p.dst_block_stride = dst_block_stride;
         kernels::Status status;
         {
           py::gil_scoped_release release;
@@ -115,7 +123,8 @@ void bind_attention(py::module_& m) {
         raise_if_error(status);
       },
       py::arg("src"), py::arg("dst"), py::arg("block_mapping"), py::arg("num_pairs"), py::arg("num_planes"),
-      py::arg("src_num_blocks"), py::arg("dst_num_blocks"), py::arg("block_bytes"),
+      py::arg("src_num_blocks"), py::arg("dst_num_blocks"), py::arg("block_bytes"), py::arg("src_plane_stride") = 0,
+      py::arg("src_block_stride") = 0, py::arg("dst_plane_stride") = 0, py::arg("dst_block_stride") = 0,
       "Raw-pointer entry of pagedcore.ops.attention.copy_blocks / swap_blocks (call those instead).");
   m.def(
       "set_attention_tuning",

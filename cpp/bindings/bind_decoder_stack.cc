@@ -100,8 +100,11 @@ void bind_decoder_stack(py::module_& m) {
              uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_seqs,
              int64_t max_blocks_per_seq, int64_t max_query_len, int64_t max_seq_len, int64_t num_actual_tokens,
              uintptr_t lora_token_indices, uintptr_t lora_segment_slots, uintptr_t lora_segment_starts,
-             int64_t lora_num_segments) {
+             int64_t lora_num_segments, int64_t kv_stride_layer, int64_t kv_stride_kv, int64_t kv_stride_block) {
             kernels::DecoderStackParams step;
+            step.kv_stride_layer = kv_stride_layer;
+            step.kv_stride_kv = kv_stride_kv;
+            step.kv_stride_block = kv_stride_block;
             step.hidden = ptr<void>(hidden);
             step.residual = ptr<void>(residual);
             step.num_tokens = num_tokens;
@@ -135,8 +138,10 @@ void bind_decoder_stack(py::module_& m) {
           py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("num_seqs"),
           py::arg("max_blocks_per_seq"), py::arg("max_query_len"), py::arg("max_seq_len"),
           py::arg("num_actual_tokens"), py::arg("lora_token_indices") = 0, py::arg("lora_segment_slots") = 0,
-          py::arg("lora_segment_starts") = 0, py::arg("lora_num_segments") = 0,
-          "One step through every layer (raw pointers; checked by the caller). lora_*: the step's adapter rows "
+          py::arg("lora_segment_starts") = 0, py::arg("lora_num_segments") = 0, py::arg("kv_stride_layer") = 0,
+          py::arg("kv_stride_kv") = 0, py::arg("kv_stride_block") = 0,
+          "One step through every layer (raw pointers; checked by the caller). kv_stride_*: the cache's first "
+          "three strides in elements (all 0: contiguous). lora_*: the step's adapter rows "
           "grouped by slot (lora_kernel.h; 0 segments: none).")
       .def_readonly("lora_steps", &kernels::DecoderStack::lora_steps, "Steps run with adapter rows.")
       .def_readwrite("profiling", &kernels::DecoderStack::profiling, "Accumulate seconds per op (see profile()).")

@@ -4,7 +4,9 @@
 // argmax, or drawn by sample_rows from the row sampling inputs given.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <optional>
 #include <string>
 
@@ -34,7 +36,7 @@ kernels::DecoderStackParams step_params(const Array<int64_t>& input_ids, const A
                                         int64_t block_size, const Array<int64_t>& slot_mapping,
                                         const Array<int32_t>& block_tables, const Array<int32_t>& seq_lens,
                                         const Array<int32_t>& query_start_loc, int64_t max_query_len,
-                                        int64_t max_seq_len) {
+                                        int64_t max_seq_len, const std::array<int64_t, 3>& kv_strides) {
   expect_1d(input_ids, "input_ids", -1);
   const int64_t T = input_ids.shape(0);
   expect_1d(positions, "positions", T);
@@ -51,6 +53,9 @@ kernels::DecoderStackParams step_params(const Array<int64_t>& input_ids, const A
   step.cache_dtype = to_dtype(cache_dtype);
   step.num_blocks = num_blocks;
   step.block_size = block_size;
+  step.kv_stride_layer = kv_strides[0];
+  step.kv_stride_kv = kv_strides[1];
+  step.kv_stride_block = kv_strides[2];
   step.slot_mapping = slot_mapping.data();
   step.block_tables = block_tables.data();
   step.seq_lens = seq_lens.data();
@@ -136,10 +141,10 @@ void bind_greedy_decode(py::module_& m) {
              const py::object& top_k, const py::object& top_p, const py::object& min_p, const py::object& noise,
              const py::object& edits, const py::object& raw_rows, const py::object& raw_out,
              uintptr_t lora_token_indices, uintptr_t lora_segment_slots, uintptr_t lora_segment_starts,
-             int64_t lora_num_segments) {
+             int64_t lora_num_segments, const std::array<int64_t, 3>& kv_strides) {
             kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
-                            block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len);
+                            block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, kv_strides);
             // The step's adapter rows (pagedcore.lora LoRABatch: int32, contiguous), as DecoderStack.run takes
             // them; the stack's LoRA launcher checks every index before layer 0 writes the cache.
             if (lora_num_segments < 0 ||
@@ -192,7 +197,7 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("noise") = py::none(),
           py::arg("edits") = py::none(), py::arg("raw_rows") = py::none(), py::arg("raw_out") = py::none(),
           py::arg("lora_token_indices") = 0, py::arg("lora_segment_slots") = 0, py::arg("lora_segment_starts") = 0,
-          py::arg("lora_num_segments") = 0,
+          py::arg("lora_num_segments") = 0, py::arg("kv_strides") = std::array<int64_t, 3>{0, 0, 0},
           "One step: embedding, every layer, final norm, LM head and argmax -> int64 tokens [len(logits_indices)]; "
           "with temperature, top_k, top_p, min_p (1-D, a row each) and noise [rows, noise_width] (float32 / int64 "
           "numpy), sample_rows instead of the argmax; with edits (a pagedcore.sampling.logit_edits.LogitEdits), its "
@@ -209,10 +214,11 @@ void bind_greedy_decode(py::module_& m) {
              const Array<int32_t>& seq_lens, const Array<int32_t>& query_start_loc, int64_t max_seq_len,
              const py::object& temperature, const py::object& top_k, const py::object& top_p,
              const py::object& min_p, const py::object& noise, const py::object& edits,
-             const py::object& ban_steps, const py::object& raw_seqs, const py::object& raw_out) {
+             const py::object& ban_steps, const py::object& raw_seqs, const py::object& raw_out,
+             const std::array<int64_t, 3>& kv_strides) {
             const kernels::DecoderStackParams step =
                 step_params(input_ids, positions, kv_cache, cache_dtype, num_blocks, block_size, slot_mapping,
-                            block_tables, seq_lens, query_start_loc, -1, max_seq_len);
+                            block_tables, seq_lens, query_start_loc, -1, max_seq_len, kv_strides);
             // A sequence's sampling values, a token's noise row (greedy_decode.h run_steps).
             const SamplingArgs sampling("GreedyDecoder.run_steps", temperature, top_k, top_p, min_p, noise,
                                         step.num_seqs, step.num_tokens, "num_tokens");
@@ -264,6 +270,7 @@ void bind_greedy_decode(py::module_& m) {
           py::arg("temperature") = py::none(), py::arg("top_k") = py::none(), py::arg("top_p") = py::none(),
           py::arg("min_p") = py::none(), py::arg("noise") = py::none(), py::arg("edits") = py::none(),
           py::arg("ban_steps") = py::none(), py::arg("raw_seqs") = py::none(), py::arg("raw_out") = py::none(),
+          py::arg("kv_strides") = std::array<int64_t, 3>{0, 0, 0},
           "Several decode steps in one call (greedy_decode.h run_steps): each sequence's tokens after the "
           "first are placeholders; returns int64 [num_tokens], token query_start_loc[s] + i the token of "
           "sequence s's step i (the tokens single steps would give): its argmax, or with temperature, top_k, "

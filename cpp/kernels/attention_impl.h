@@ -96,6 +96,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   const bool bf16_cache = p.cache_dtype == DType::kBFloat16;
   // Elements of one [block_size, head_size] plane (one block, one kv head).
   const int64_t plane = BS * D;
+  // Elements from block b to block b + 1 of this layer's cache (a block-major model cache interleaves layers).
+  const int64_t block_stride = p.kv_block_stride > 0 ? p.kv_block_stride : p.num_kv_heads * plane;
   // Keys are taken a chunk of whole blocks at a time (about 64 keys), so the softmax bookkeeping
   // (row max, rescale, sums) runs once per chunk rather than once per 16-key block:
   //
@@ -117,13 +119,13 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     auto next_plane = [&](int64_t col) -> int64_t {
       const int64_t pos = chunk_start + chunk_keys + col;
       if (pos >= item.key_end) return -1;
-      return (static_cast<int64_t>(block_table[pos / BS]) * p.num_kv_heads + g) * plane;
+      return static_cast<int64_t>(block_table[pos / BS]) * block_stride + g * plane;
     };
     for (int64_t col = 0; col < n_chunk; col += BS) {
       const int64_t b = (chunk_start + col) / BS;
       const int64_t n = imin(BS, n_chunk - col);
-      // key_cache[block, g] is the plane at ((block * num_kv_heads + g) * block_size) * head_size.
-      const int64_t base = (static_cast<int64_t>(block_table[b]) * p.num_kv_heads + g) * plane;
+      // key_cache[block, g] is the plane at block * block_stride + g * block_size * head_size.
+      const int64_t base = static_cast<int64_t>(block_table[b]) * block_stride + g * plane;
       const int64_t ahead = next_plane(col);
       // The next chunk's plane, prefetched by the first row tile as it goes (nullptr: none).
       const char* k_ahead = ahead >= 0 ? static_cast<const char*>(p.key_cache) + ahead * elem : nullptr;
@@ -166,7 +168,7 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     for (int64_t col = 0; col < n_chunk; col += BS) {
       const int64_t b = (chunk_start + col) / BS;
       const int64_t n = imin(BS, n_chunk - col);
-      const int64_t base = (static_cast<int64_t>(block_table[b]) * p.num_kv_heads + g) * plane;
+      const int64_t base = static_cast<int64_t>(block_table[b]) * block_stride + g * plane;
       const int64_t ahead = next_plane(col);
       const char* v_ahead = ahead >= 0 ? static_cast<const char*>(p.value_cache) + ahead * elem : nullptr;
       const float* rescale = col == 0 ? alpha : nullptr;

@@ -38,6 +38,7 @@ inline void convert_row<uint16_t, float>(const uint16_t* src, float* dst, int64_
 template <typename Src, typename Dst>
 void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
   const int64_t row_bytes = p.num_kv_heads * p.head_size * static_cast<int64_t>(sizeof(Dst)) * 2;
+  const int64_t block_stride = p.kv_block_stride > 0 ? p.kv_block_stride : p.num_kv_heads * p.block_size * p.head_size;
   auto write_tokens = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = p.slot_mapping[t];
@@ -46,7 +47,7 @@ void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
       const int64_t offset = slot % p.block_size;
       for (int64_t h = 0; h < p.num_kv_heads; ++h) {
         // element (block, h, offset, 0) of [num_blocks, num_kv_heads, block_size, head_size]
-        const int64_t dst = ((block * p.num_kv_heads + h) * p.block_size + offset) * p.head_size;
+        const int64_t dst = block * block_stride + (h * p.block_size + offset) * p.head_size;
         convert_row(static_cast<const Src*>(p.key) + t * p.key_stride_token + h * p.key_stride_head,
                     static_cast<Dst*>(p.key_cache) + dst, p.head_size);
         convert_row(static_cast<const Src*>(p.value) + t * p.value_stride_token + h * p.value_stride_head,
@@ -70,6 +71,10 @@ void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
 Status reshape_and_cache(const ReshapeAndCacheParams& p) {
   if (p.num_tokens < 0 || p.num_kv_heads <= 0 || p.head_size <= 0 || p.num_blocks < 0 || p.block_size <= 0)
     return Status::invalid("reshape_and_cache: sizes must be positive (num_kv_heads, head_size, block_size)");
+  if (p.kv_block_stride != 0 && p.kv_block_stride < p.num_kv_heads * p.block_size * p.head_size)
+    return Status::invalid("reshape_and_cache: kv_block_stride " + std::to_string(p.kv_block_stride) +
+                           " is shorter than a block (num_kv_heads * block_size * head_size); pass 0 for a "
+                           "contiguous layer cache");
   const int64_t num_slots = p.num_blocks * p.block_size;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
@@ -92,6 +97,12 @@ Status reshape_and_cache(const ReshapeAndCacheParams& p) {
 Status copy_blocks(const CopyBlocksParams& p) {
   if (p.num_pairs < 0 || p.num_planes <= 0 || p.block_bytes <= 0)
     return Status::invalid("copy_blocks: num_planes and block_bytes must be positive");
+  if (p.src_plane_stride < 0 || p.src_block_stride < 0 || p.dst_plane_stride < 0 || p.dst_block_stride < 0)
+    return Status::invalid("copy_blocks: negative stride");
+  const int64_t src_plane_stride = p.src_plane_stride ? p.src_plane_stride : p.src_num_blocks * p.block_bytes;
+  const int64_t src_block_stride = p.src_block_stride ? p.src_block_stride : p.block_bytes;
+  const int64_t dst_plane_stride = p.dst_plane_stride ? p.dst_plane_stride : p.dst_num_blocks * p.block_bytes;
+  const int64_t dst_block_stride = p.dst_block_stride ? p.dst_block_stride : p.block_bytes;
   for (int64_t i = 0; i < p.num_pairs; ++i) {
     const int32_t src = p.block_mapping[2 * i], dst = p.block_mapping[2 * i + 1];
     if (src < 0 || src >= p.src_num_blocks || dst < 0 || dst >= p.dst_num_blocks) {
@@ -106,8 +117,8 @@ Status copy_blocks(const CopyBlocksParams& p) {
   auto copy_pair_plane = [&](int64_t pair, int64_t plane) {
     const int64_t src = p.block_mapping[2 * pair], dst = p.block_mapping[2 * pair + 1];
     if (src_base == dst_base && src == dst) return;
-    std::memcpy(dst_base + (plane * p.dst_num_blocks + dst) * p.block_bytes,
-                src_base + (plane * p.src_num_blocks + src) * p.block_bytes, p.block_bytes);
+    std::memcpy(dst_base + plane * dst_plane_stride + dst * dst_block_stride,
+                src_base + plane * src_plane_stride + src * src_block_stride, p.block_bytes);
   };
   // In one cache, two pairs touching the same block (one writes what another reads or writes)
   // must run in row order; otherwise the pairs are independent and run in parallel.

@@ -42,6 +42,12 @@ Status check(const DecoderStackParams& p) {
   if (p.num_tokens < 0) return Status::invalid("decoder_stack: negative num_tokens");
   if (p.num_tokens > 0 && (!p.hidden || !p.residual || !p.cos_sin || !p.kv_cache))
     return Status::invalid("decoder_stack: a data pointer is null");
+  const bool kv_strided = p.kv_stride_layer != 0 || p.kv_stride_kv != 0 || p.kv_stride_block != 0;
+  if (kv_strided && (p.kv_stride_layer <= 0 || p.kv_stride_kv <= 0 ||
+                     p.kv_stride_block < p.num_kv_heads * p.block_size * p.head_dim))
+    return Status::invalid("decoder_stack: kv_stride_layer / kv_stride_kv / kv_stride_block must all be 0 "
+                           "(a contiguous cache) or positive, with blocks at least num_kv_heads * block_size * "
+                           "head_dim elements apart");
   if (p.num_actual_tokens > p.num_tokens)
     return Status::invalid("decoder_stack: num_actual_tokens " + str(p.num_actual_tokens) + " > num_tokens " +
                            str(p.num_tokens));
@@ -175,8 +181,13 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     return rms_norm(np, isa);
   };
 
-  // One layer's K/V planes: kv_cache[l, 0] and kv_cache[l, 1].
-  const int64_t plane = p.num_blocks * Hkv * p.block_size * D;
+  // One layer's K/V: kv_cache[l, 0] and kv_cache[l, 1], each [num_blocks, Hkv, block_size, D] with its
+  // blocks kv_block_stride apart.
+  const int64_t block_elems = Hkv * p.block_size * D;
+  const bool kv_strided = p.kv_stride_block > 0;
+  const int64_t kv_layer_stride = kv_strided ? p.kv_stride_layer : 2 * p.num_blocks * block_elems;
+  const int64_t kv_value_offset = kv_strided ? p.kv_stride_kv : p.num_blocks * block_elems;
+  const int64_t kv_block_stride = kv_strided ? p.kv_stride_block : block_elems;
   OpClock clock(p.op_seconds);
   for (int64_t l = 0; l < p.num_layers; ++l) {
     const DecoderLayerWeights& w = p.layers[l];
@@ -214,8 +225,8 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     if (!(st = rotary_embedding(rp, isa)).is_ok()) return st;
     clock.mark(kStackRope);
     // this step's K/V into the cache, then attention
-    void* key_cache = at(p.kv_cache, (2 * l) * plane, p.cache_dtype);
-    void* value_cache = at(p.kv_cache, (2 * l + 1) * plane, p.cache_dtype);
+    void* key_cache = at(p.kv_cache, l * kv_layer_stride, p.cache_dtype);
+    void* value_cache = at(p.kv_cache, l * kv_layer_stride + kv_value_offset, p.cache_dtype);
     ReshapeAndCacheParams cp;
     cp.key = at(qkv, q_size, t);
     cp.value = at(qkv, q_size + kv_size, t);
@@ -226,6 +237,7 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     cp.num_kv_heads = Hkv;
     cp.head_size = D;
     cp.num_blocks = p.num_blocks;
+    cp.kv_block_stride = kv_block_stride;
     cp.block_size = p.block_size;
     cp.key_stride_token = cp.value_stride_token = qkv_size;
     cp.key_stride_head = cp.value_stride_head = D;
@@ -247,6 +259,7 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     ap.num_kv_heads = Hkv;
     ap.head_size = D;
     ap.num_blocks = p.num_blocks;
+    ap.kv_block_stride = kv_block_stride;
     ap.block_size = p.block_size;
     ap.max_blocks_per_seq = p.max_blocks_per_seq;
     ap.q_stride_token = qkv_size;

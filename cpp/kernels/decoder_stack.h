@@ -74,11 +74,16 @@ struct DecoderStackParams {
   void* hidden = nullptr;          // [T, E] contiguous: in the embeddings, out the last layer's output
   void* residual = nullptr;        // [T, E] contiguous: out the residual stream (hidden not yet added)
   const void* cos_sin = nullptr;   // [T, D] contiguous, dtype: [cos | sin] of each token's position
-  // [num_layers, 2, num_blocks, Hkv, block_size, D] contiguous, cache_dtype
+  // [num_layers, 2, num_blocks, Hkv, block_size, D], cache_dtype; [Hkv, block_size, D] contiguous, the
+  // outer dims kv_stride_{layer,kv,block} elements apart. All three 0: contiguous (layer-major). The CPU
+  // engine's cache is block-major (kv_cache.py): strides 2 * P, P, num_layers * 2 * P with P = Hkv * block_size * D.
   void* kv_cache = nullptr;
   DType cache_dtype = DType::kFloat32;
   int64_t num_blocks = 0;
   int64_t block_size = 0;
+  int64_t kv_stride_layer = 0;
+  int64_t kv_stride_kv = 0;
+  int64_t kv_stride_block = 0;
   // The step's attention metadata, as paged_attention.h / cache_kernels.h define them.
   const int64_t* slot_mapping = nullptr;     // [T], -1 = padding
   const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq]

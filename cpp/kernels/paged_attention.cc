@@ -44,6 +44,10 @@ Status check(const PagedAttentionParams& p) {
     return Status::invalid("paged_attention: head_size " + str(p.head_size) +
                            " is not supported; use a multiple of 8 up to " + str(kMaxHeadSize));
   if (p.block_size <= 0) return Status::invalid("paged_attention: block_size must be positive");
+  if (p.kv_block_stride != 0 && p.kv_block_stride < p.num_kv_heads * p.block_size * p.head_size)
+    return Status::invalid("paged_attention: kv_block_stride " + str(p.kv_block_stride) +
+                           " is shorter than a block (num_kv_heads * block_size * head_size); pass 0 for a "
+                           "contiguous layer cache");
   if (p.num_tokens > std::numeric_limits<int32_t>::max() ||
       p.max_blocks_per_seq * p.block_size > std::numeric_limits<int32_t>::max())
     return Status::invalid("paged_attention: more than 2^31 tokens or positions");

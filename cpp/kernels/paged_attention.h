@@ -24,8 +24,9 @@ namespace kernels {
 struct PagedAttentionParams {
   void* out = nullptr;                    // [num_tokens, num_heads, head_size], out_stride_*, q_dtype
   const void* query = nullptr;            // [num_tokens, num_heads, head_size], q_stride_*, q_dtype
-  const void* key_cache = nullptr;        // [num_blocks, num_kv_heads, block_size, head_size], contiguous, cache_dtype
-  const void* value_cache = nullptr;      // same shape and dtype as key_cache
+  const void* key_cache = nullptr;        // [num_blocks, num_kv_heads, block_size, head_size], cache_dtype;
+                                          // the inner three dims contiguous, blocks kv_block_stride apart
+  const void* value_cache = nullptr;      // same shape, strides and dtype as key_cache
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], contiguous, kNullBlock (-1) padding
   const int32_t* seq_lens = nullptr;      // [num_seqs]: cached tokens including this step's
   const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], [0] = 0, [num_seqs] = num_tokens
@@ -37,6 +38,10 @@ struct PagedAttentionParams {
   int64_t num_blocks = 0;
   int64_t block_size = 0;
   int64_t max_blocks_per_seq = 0;
+  // Elements between key_cache[b] and key_cache[b + 1]; 0 = num_kv_heads * block_size * head_size (a
+  // contiguous layer cache). A block-major model cache (kv_cache.py) puts every layer's K and V of a
+  // block together, so a layer's blocks are num_layers * 2 planes-of-a-block apart.
+  int64_t kv_block_stride = 0;
   int64_t q_stride_token = 0;              // elements between query[t] and query[t + 1]
   int64_t q_stride_head = 0;               // elements between query[t, h] and query[t, h + 1]; last dim stride 1
   int64_t out_stride_token = 0;

@@ -27,7 +27,13 @@ struct Batch {
   std::vector<uint16_t> key_cache_bf16, value_cache_bf16;
   std::vector<int32_t> block_tables, seq_lens, query_start_loc;
   std::vector<float> query;  // [num_tokens, num_heads, head_size]
+  int64_t kv_block_stride = 0;  // elements between blocks; 0 = num_kv_heads * block_size * head_size
   int64_t num_tokens() const { return query_start_loc.back(); }
+  // Element (block, g, row, 0) of a cache.
+  int64_t at(int64_t block, int64_t g, int64_t row) const {
+    const int64_t stride = kv_block_stride ? kv_block_stride : num_kv_heads * block_size * head_size;
+    return block * stride + (g * block_size + row) * head_size;
+  }
 };
 
 // seqs: (context before this step, query rows). Unused cache slots hold NaN: reading one shows.
@@ -89,7 +95,7 @@ std::vector<float> naive_attention(const Batch& b, float scale) {
         double mx = -1e300;
         for (int64_t k = 0; k <= pos; ++k) {
           const int64_t block = b.block_tables[s * b.max_blocks + k / b.block_size];
-          const float* key = &b.key_cache[((block * b.num_kv_heads + g) * b.block_size + k % b.block_size) * D];
+          const float* key = &b.key_cache[b.at(block, g, k % b.block_size)];
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(b.query[(token * b.num_heads + h) * D + d]) * key[d];
           score[k] = dot * scale;
@@ -101,7 +107,7 @@ std::vector<float> naive_attention(const Batch& b, float scale) {
           double acc = 0;
           for (int64_t k = 0; k <= pos; ++k) {
             const int64_t block = b.block_tables[s * b.max_blocks + k / b.block_size];
-            acc += score[k] * b.value_cache[((block * b.num_kv_heads + g) * b.block_size + k % b.block_size) * D + d];
+            acc += score[k] * b.value_cache[b.at(block, g, k % b.block_size) + d];
           }
           out[(token * b.num_heads + h) * D + d] = static_cast<float>(acc / sum);
         }
@@ -128,6 +134,7 @@ PagedAttentionParams params_for(const Batch& b, bool bf16_cache, void* out, floa
   p.num_blocks = b.num_blocks;
   p.block_size = b.block_size;
   p.max_blocks_per_seq = b.max_blocks;
+  p.kv_block_stride = b.kv_block_stride;
   p.q_stride_token = b.num_heads * b.head_size;
   p.q_stride_head = b.head_size;
   p.out_stride_token = b.num_heads * b.head_size;
@@ -171,7 +178,43 @@ void check_all_isas(const Batch& b) {
   }
 }
 
+// The same batch in a block-major model cache's layer: block i at i * layers * 2 blocks, the other
+// layers' planes NaN (any read of them shows).
+Batch in_block_major_layer(const Batch& b, int64_t layers, int64_t layer) {
+  Batch s = b;
+  const int64_t block = b.num_kv_heads * b.block_size * b.head_size;
+  s.kv_block_stride = layers * 2 * block;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  s.key_cache.assign(b.num_blocks * s.kv_block_stride, nan);
+  s.value_cache = s.key_cache;
+  for (int64_t i = 0; i < b.num_blocks; ++i) {
+    std::copy_n(&b.key_cache[i * block], block, &s.key_cache[i * s.kv_block_stride + layer * 2 * block]);
+    std::copy_n(&b.value_cache[i * block], block, &s.value_cache[i * s.kv_block_stride + layer * 2 * block]);
+  }
+  s.key_cache_bf16.clear();
+  s.value_cache_bf16.clear();
+  for (float f : s.key_cache) s.key_cache_bf16.push_back(float_to_bf16(f));
+  for (float f : s.value_cache) s.value_cache_bf16.push_back(float_to_bf16(f));
+  // key_cache / value_cache point at the layer's first plane, as kv_cache[layer, 0/1] does.
+  s.key_cache.erase(s.key_cache.begin(), s.key_cache.begin() + layer * 2 * block);
+  s.value_cache.erase(s.value_cache.begin(), s.value_cache.begin() + layer * 2 * block);
+  s.key_cache_bf16.erase(s.key_cache_bf16.begin(), s.key_cache_bf16.begin() + layer * 2 * block);
+  s.value_cache_bf16.erase(s.value_cache_bf16.begin(), s.value_cache_bf16.begin() + layer * 2 * block);
+  return s;
+}
+
 }  // namespace
+
+TEST(attention_reads_a_block_major_layer) {
+  const Batch b = make_batch(kMixed, 9, 3, 64, 16, 11);
+  check_all_isas(in_block_major_layer(b, 3, 1));
+  check_all_isas(in_block_major_layer(b, 2, 0));
+  Batch bad = in_block_major_layer(b, 3, 1);
+  std::vector<float> out(b.query.size());
+  PagedAttentionParams p = params_for(bad, false, out.data(), 0.125f);
+  p.kv_block_stride = 3 * 16 * 64 - 1;  // shorter than a block
+  CHECK_EQ(paged_attention(p).code, Status::kInvalidArgument);
+}
 
 TEST(attention_matches_naive_gqa_1_3_4) {
   check_all_isas(make_batch(kMixed, 4, 4, 64, 16, 1));
@@ -257,6 +300,21 @@ TEST(reshape_and_cache_writes_slots_and_skips_padding) {
   const std::vector<int64_t> bad = {5, 12, 0};
   p.slot_mapping = bad.data();
   CHECK_EQ(reshape_and_cache(p).code, Status::kOutOfRange);
+  // A block-major layer: blocks 3 blocks apart; the gaps (other layers) stay untouched.
+  std::vector<uint16_t> kb(3 * kc.size(), 0), vb(kb.size(), 0);
+  p.slot_mapping = slots.data();
+  p.key_cache = kb.data();
+  p.value_cache = vb.data();
+  p.kv_block_stride = 3 * heads * bs * d;
+  CHECK(reshape_and_cache(p).is_ok());
+  for (int64_t blk = 0; blk < num_blocks; ++blk)
+    for (int64_t i = 0; i < heads * bs * d; ++i) {
+      CHECK_EQ(kb[blk * p.kv_block_stride + i], kc[blk * heads * bs * d + i]);
+      CHECK_EQ(vb[blk * p.kv_block_stride + i], vc[blk * heads * bs * d + i]);
+      for (int64_t gap = 1; gap < 3; ++gap) CHECK_EQ(kb[blk * p.kv_block_stride + gap * heads * bs * d + i], 0);
+    }
+  p.kv_block_stride = heads * bs * d - 1;
+  CHECK_EQ(reshape_and_cache(p).code, Status::kInvalidArgument);
 }
 
 TEST(copy_blocks_keeps_row_order_for_chains) {
@@ -282,6 +340,33 @@ TEST(copy_blocks_keeps_row_order_for_chains) {
   p.block_mapping = bad.data();
   p.num_pairs = 1;
   CHECK_EQ(copy_blocks(p).code, Status::kOutOfRange);
+}
+
+TEST(copy_blocks_between_block_major_and_layer_major) {
+  const int64_t planes = 4, blocks = 6, bytes = 32;
+  // src block-major: block b, plane p at b * planes * bytes + p * bytes; dst layer-major.
+  std::vector<uint8_t> src(planes * blocks * bytes), dst(src.size(), 0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t p = 0; p < planes; ++p) std::fill_n(&src[(b * planes + p) * bytes], bytes, uint8_t(10 * b + p));
+  const std::vector<int32_t> mapping = {1, 4, 5, 0};
+  CopyBlocksParams p;
+  p.src = src.data();
+  p.dst = dst.data();
+  p.block_mapping = mapping.data();
+  p.num_pairs = 2;
+  p.num_planes = planes;
+  p.src_num_blocks = p.dst_num_blocks = blocks;
+  p.block_bytes = bytes;
+  p.src_plane_stride = bytes;
+  p.src_block_stride = planes * bytes;
+  CHECK(copy_blocks(p).is_ok());
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    CHECK_EQ(int(dst[(plane * blocks + 4) * bytes + 3]), int(10 * 1 + plane));
+    CHECK_EQ(int(dst[(plane * blocks + 0) * bytes + 31]), int(10 * 5 + plane));
+    CHECK_EQ(int(dst[(plane * blocks + 2) * bytes]), 0);
+  }
+  p.src_block_stride = -1;
+  CHECK_EQ(copy_blocks(p).code, Status::kInvalidArgument);
 }
 
 TEST(pool_survives_fork) {

@@ -2,7 +2,8 @@
 
 Greedy output must equal HF token for token in fp32 whatever the engine setting: prefix caching on
 or off, a budget small enough to chunk every prefill, a KV cache small enough to force preemption
-by recompute and by swap, other block sizes and batch caps.
+by recompute and by swap, other block sizes and batch caps, and either KV cache layout (the CPU's
+block-major default, or layer-major as on a GPU).
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def test_greedy_equals_hf(tiny_llama, reference, setting):
         # Prompts admitted over several steps find the shared prefix registered by earlier ones.
         assert stats.prefix_hit_tokens > 0, "shared prompts should hit the prefix cache"
     assert stats.num_free_blocks == llm.llm_engine.scheduler.config.num_gpu_blocks  # nothing leaked
+    assert not llm.llm_engine.worker.runner.kv_cache.is_contiguous()   # the CPU's block-major cache
+
+
+@pytest.mark.parametrize("setting", ["default", "preempt_swap"])
+@pytest.mark.parametrize("stack", ["1", "0"])
+def test_greedy_equals_hf_on_a_layer_major_cache(tiny_llama, reference, monkeypatch, setting, stack):
+    """PAGEDCORE_KV_LAYOUT=layer_major: the layout a GPU cache has, through the decoder stack and the loop."""
+    monkeypatch.setenv("PAGEDCORE_KV_LAYOUT", "layer_major")
+    monkeypatch.setenv("PAGEDCORE_DECODER_STACK", stack)
+    _, folder = tiny_llama
+    prompts, expected = reference
+    llm = LLM(folder, max_model_len=256, **SETTINGS[setting])
+    assert llm.llm_engine.worker.runner.kv_cache.is_contiguous()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 def test_logprobs_match_hf(tiny_llama):

@@ -94,4 +94,11 @@ def test_commit_pages_makes_a_tensor_resident(monkeypatch, huge_pages, populate)
 
 def test_commit_pages_refuses_a_strided_tensor():
     with pytest.raises(ValueError, match="contiguous"):
-        host_memory.commit_pages(torch.empty(64, 64).t())
+        host_memory.commit_pages(torch.empty(64, 64)[:, ::2])    # gaps: not a permutation of a dense tensor
+
+
+def test_commit_pages_takes_a_permuted_view():
+    """A block-major KV cache is a permuted view of a contiguous tensor: its bytes are one range."""
+    tensor = torch.empty(8, 1024, 64).permute(1, 0, 2)                   # 2 MiB
+    committed, _ = host_memory.commit_pages(tensor)
+    assert committed == tensor.numel() * 4 and host_memory.resident_fraction(tensor) == 1

@@ -33,7 +33,7 @@ def test_kv_cache_allocation_is_usable_advised_or_not(monkeypatch, huge_pages):
     monkeypatch.setenv("PAGEDCORE_KV_HUGE_PAGES", huge_pages)
     spec = kvc.KVCacheSpec(num_layers=2, num_kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32)
     cache = kvc.allocate(spec, num_blocks=600)
-    assert cache.shape == spec.shape(600) and cache.is_contiguous()
+    assert cache.shape == spec.shape(600) and cache.permute(2, 0, 1, 3, 4, 5).is_contiguous()  # block-major
     cache.zero_()
     cache[1, 0, 599] = 1.5
     assert float(cache.sum()) == 1.5 * 3 * 16 * 64

@@ -65,10 +65,21 @@ def _madvise():
     return madvise
 
 
-def _whole_pages(tensor: torch.Tensor) -> tuple[int, int, int]:
-    """-> (bytes, first whole page's address, address past the last whole page) of a contiguous tensor."""
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor, or of a permuted view of one (a block-major KV cache), in memory
+    order: uint8 [num_bytes]."""
     if not tensor.is_contiguous():
-        raise ValueError("commit_pages needs a contiguous tensor")
+        order = sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d))
+        tensor = tensor.permute(order)
+        if not tensor.is_contiguous():
+            raise ValueError("committing pages needs a contiguous tensor (or a permuted view of one)")
+    return tensor.view(-1).view(torch.uint8)
+
+
+def _whole_pages(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """-> (bytes, first whole page's address, address past the last whole page) of a contiguous tensor
+    or a permuted view of one."""
+    _flat_bytes(tensor)
     num_bytes = tensor.numel() * tensor.element_size()
     start = tensor.data_ptr()
     begin = (start + _PAGE_SIZE - 1) // _PAGE_SIZE * _PAGE_SIZE      # first whole page
@@ -88,7 +99,7 @@ def commit_pages(tensor: torch.Tensor, huge_pages: bool = False) -> tuple[int, i
     num_bytes, begin, end = _whole_pages(tensor)
     advised = _core.advise_huge_pages(tensor.data_ptr(), num_bytes) if huge_pages else 0
     madvise = _madvise()
-    flat = tensor.view(-1).view(torch.uint8)                          # [num_bytes]
+    flat = _flat_bytes(tensor)                                        # [num_bytes]
     # One call over the whole range: split into chunks on threads it ran 5-50x slower with huge pages.
     if madvise is not None and end > begin and madvise(begin, end - begin, _MADV_POPULATE_WRITE) == 0:
         flat[0] = 0                                                   # the partial pages at each end
@@ -184,7 +195,7 @@ def commit_in_background(tensor: torch.Tensor, what: str = "KV cache") -> Backgr
     madvise = _madvise()
     if madvise is None or end <= begin or madvise(begin, min(_PAGE_SIZE, end - begin), _MADV_POPULATE_WRITE) != 0:
         return None
-    flat = tensor.view(-1).view(torch.uint8)                          # [num_bytes]
+    flat = _flat_bytes(tensor)                                        # [num_bytes]
     flat[0] = 0                                                       # the partial pages at each end, now,
     flat[-1] = 0                                                      # before any kernel writes the tensor
     return BackgroundCommit(tensor, begin, end, madvise, what)

@@ -3,6 +3,15 @@
 Layout (one tensor for the whole model, see pagedcore.kernels):
     kv_cache [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
     kv_cache[layer, 0] = key_cache, kv_cache[layer, 1] = value_cache
+
+That is the tensor's shape everywhere. In memory a GPU cache (and a pinned swap pool) is contiguous in
+that order ("layer-major"); an unpinned CPU cache is block-major, [num_blocks, num_layers, 2, num_kv_heads,
+block_size, head_dim] permuted to the shape above, so one block's K and V of every layer lie together
+(block_bytes apart; the kernels take the block stride). Why: decode attention reads each sequence's
+blocks once a layer, scattered over the cache; on the Zen 5 VM a scattered 2 KB plane cost ~300 ns,
+per page rather than per byte, and with all layers of a block in one 368 KB run (default model, bf16)
+the page walks of layer 1..29 find what layer 0's loaded (bench/micro/kv_layout_reads.cc: a token's
+K/V 978-986 us against 1353-1403 layer-major). PAGEDCORE_KV_LAYOUT=layer_major keeps the old layout.
 """
 
 from __future__ import annotations
@@ -133,8 +142,18 @@ def gpu_kv_cache_budget(config: EngineConfig, total_bytes: int, peak_bytes: int,
     return budget
 
 
+def block_major_default(device: str | torch.device, pin_memory: bool = False) -> bool:
+    """Whether allocate lays a cache out block-major: unpinned CPU caches, unless
+    PAGEDCORE_KV_LAYOUT=layer_major (the CUDA kernels and their pinned swap pools are layer-major)."""
+    layout = os.environ.get("PAGEDCORE_KV_LAYOUT", "block_major")
+    if layout not in ("block_major", "layer_major"):
+        raise ValueError(f"PAGEDCORE_KV_LAYOUT={layout!r}; use block_major or layer_major")
+    return torch.device(device).type == "cpu" and not pin_memory and layout == "block_major"
+
+
 def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "cpu",
-             pin_memory: bool = False, background_commit: bool = False) -> torch.Tensor:
+             pin_memory: bool = False, background_commit: bool = False,
+             block_major: bool | None = None) -> torch.Tensor:
     """Uninitialised (every slot a kernel reads was written first: positions < seq_len) but committed:
     a CPU cache's pages are made resident here (host_memory.commit_pages), so the process holds at
     start what it reserved and its RSS stays flat under load. Left to first touch, the pages came in
@@ -151,17 +170,35 @@ def allocate(spec: KVCacheSpec, num_blocks: int, device: str | torch.device = "c
 
     background_commit (EngineConfig.kv_cache_commit="background", the default) returns at once and
     commits on a thread (host_memory.commit_in_background): the same resident cache seconds later, without
-    holding start-up for it (4 GiB: 21.9 of `LLM()`'s 22.9 s on a cold Zen 5 VM, 2026-12-04)."""
+    holding start-up for it (4 GiB: 21.9 of `LLM()`'s 22.9 s on a cold Zen 5 VM, 2026-12-04).
+
+    block_major (None: block_major_default) returns the [num_layers, 2, num_blocks, ...] view of a
+    contiguous [num_blocks, num_layers, 2, ...] tensor (see the module docstring)."""
+    if block_major is None:
+        block_major = block_major_default(device, pin_memory)
+    if block_major:
+        if pin_memory or torch.device(device).type != "cpu":
+            raise ValueError("a block-major KV cache is for unpinned CPU memory only (the CUDA kernels read "
+                             "layer-major caches)")
+        num_layers, two, *rest = spec.shape(num_blocks)
+        physical = torch.empty((rest[0], num_layers, two, *rest[1:]), dtype=spec.dtype)
+        _commit(physical, background_commit)
+        return physical.permute(1, 2, 0, 3, 4, 5)                    # [num_layers, 2, num_blocks, ...]
     cache = torch.empty(spec.shape(num_blocks), dtype=spec.dtype, device=device, pin_memory=pin_memory)
     if cache.is_cpu and not pin_memory:
-        huge_pages = os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1"
-        if background_commit and not huge_pages:
-            what = f"KV cache [{', '.join(map(str, cache.shape))}]"
-            if host_memory.commit_in_background(cache, what) is not None:
-                logger.info("%s: committing %.2f GiB in the background", what, cache.nbytes / GiB)
-                return cache
-        t0 = time.perf_counter()
-        committed, advised = host_memory.commit_pages(cache, huge_pages=huge_pages)
-        logger.info("KV cache: %.2f GiB committed in %.2f s (%.2f GiB advised onto huge pages)",
-                    committed / GiB, time.perf_counter() - t0, advised / GiB)
+        _commit(cache, background_commit)
     return cache
+
+
+def _commit(cache: torch.Tensor, background_commit: bool) -> None:
+    """Makes a contiguous CPU cache resident: now, or on a thread (allocate's docstring)."""
+    huge_pages = os.environ.get("PAGEDCORE_KV_HUGE_PAGES") == "1"
+    if background_commit and not huge_pages:
+        what = f"KV cache [{', '.join(map(str, cache.shape))}]"
+        if host_memory.commit_in_background(cache, what) is not None:
+            logger.info("%s: committing %.2f GiB in the background", what, cache.nbytes / GiB)
+            return
+    t0 = time.perf_counter()
+    committed, advised = host_memory.commit_pages(cache, huge_pages=huge_pages)
+    logger.info("KV cache: %.2f GiB committed in %.2f s (%.2f GiB advised onto huge pages)",
+                committed / GiB, time.perf_counter() - t0, advised / GiB)

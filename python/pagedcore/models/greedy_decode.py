@@ -27,6 +27,7 @@ import torch
 
 from pagedcore import _core
 from pagedcore.ops.dense_repack import X16Weight
+from pagedcore.ops import checks
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
 from pagedcore.sampling.logit_edits import LogitEdits
@@ -129,14 +130,18 @@ class GreedyDecode:
                 and (raw is None or (tuple(raw.out.shape) == (len(raw.rows), self.vocab_size)
                                      and len(raw.rows) <= num_rows)))
 
-    def _check_cache(self, kv_cache: torch.Tensor) -> None:
-        if not kv_cache.is_contiguous() or kv_cache.dim() != 6 or kv_cache.dtype not in CPU_DTYPE_CODES:
-            raise ValueError(f"GreedyDecode: the KV cache must be a contiguous 6-D fp32/bf16 CPU tensor, got "
-                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
+    def _check_cache(self, kv_cache: torch.Tensor) -> tuple[int, int, int]:
+        """-> the cache's (layer, K->V, block) strides in elements (checks.kv_cache_strides)."""
+        strides = checks.kv_cache_strides(kv_cache) if kv_cache.dtype in CPU_DTYPE_CODES else None
+        if strides is None:
+            raise ValueError(f"GreedyDecode: the KV cache must be a 6-D fp32/bf16 CPU tensor, contiguous or "
+                             f"block-major (kv_cache.allocate), got {tuple(kv_cache.shape)} {kv_cache.dtype} "
+                             f"strides {kv_cache.stride()}")
         stack = self.stack
         if kv_cache.shape[0] != stack.num_layers or kv_cache.shape[3] != stack.num_kv_heads \
                 or kv_cache.shape[5] != stack.head_dim:
             raise ValueError(f"GreedyDecode: KV cache {tuple(kv_cache.shape)} does not fit the model")
+        return strides
 
     def run_steps(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
                   edits: LogitEdits | None = None, ban_steps: np.ndarray | None = None, raw=None) -> np.ndarray:
@@ -147,14 +152,16 @@ class GreedyDecode:
         the first step's) and ban_steps (int32 [num_seqs]: steps its min_tokens bans last) edit each step's
         logits first, advanced by the tokens chosen (cpp/kernels/multi_step_edits.h); raw (engine/multi_step.py
         RawRows): the flagged sequences' logits of every step, before any edit, copied into raw.out."""
-        self._check_cache(kv_cache)
+        kv_strides = self._check_cache(kv_cache)
         if self.stack.lora_batch is not None:
             raise ValueError("GreedyDecode.run_steps: multi-step does not run an engine with LoRA enabled "
                              "(its steps take the single-step call)")
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_seq_len)
-        edit_args = {} if edits is None else {"edits": edits, "ban_steps": np.asarray(ban_steps, dtype=np.int32)}
+        edit_args = {"kv_strides": kv_strides}
+        if edits is not None:
+            edit_args.update(edits=edits, ban_steps=np.asarray(ban_steps, dtype=np.int32))
         if raw is not None:
             edit_args.update(raw_seqs=raw.flags, raw_out=raw.out)
         if sampling is None:
@@ -169,15 +176,17 @@ class GreedyDecode:
     def __call__(self, step, kv_cache: torch.Tensor, sampling: RowSampling | None = None,
                  edits: LogitEdits | None = None, raw: RawLogitRows | None = None) -> np.ndarray:
         """step: an engine StepInput (its numpy arrays as the scheduler made them); kv_cache [num_layers,
-        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous; sampling: the sampled rows'
+        2, num_blocks, num_kv_heads, block_size, head_dim], contiguous or block-major; sampling: the sampled rows'
         inputs (None: each row's argmax), whose noise is drawn here; edits: the rows' penalties, logit
         bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
         raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
-        self._check_cache(kv_cache)
+        kv_strides = self._check_cache(kv_cache)
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
-        raw_args = {} if raw is None else {"raw_rows": raw.rows, "raw_out": raw.out.numpy()}
+        raw_args = {"kv_strides": kv_strides}
+        if raw is not None:
+            raw_args.update(raw_rows=raw.rows, raw_out=raw.out.numpy())
         # This step's adapter rows (LoRAManager.prepare ran for it), which the stack adds in every layer.
         lora = dict(zip(("lora_token_indices", "lora_segment_slots", "lora_segment_starts", "lora_num_segments"),
                         self.stack.lora_args()))

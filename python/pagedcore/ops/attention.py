@@ -68,8 +68,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Writes each token's K/V into the cache at its slot; slot _core.PAD_SLOT (-1) writes nothing.
 
     key, value:   [num_tokens, num_kv_heads, head_size] fp32/bf16, last stride 1, other strides any
-    key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous; dtype may
-                  differ from key's (fp32 -> bf16 rounds to nearest even)
+    key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], the inner three dims
+                  contiguous, blocks any distance apart (kv_cache[layer, 0/1] of either layout, see
+                  checks.layer_block_stride); dtype may differ from key's (fp32 -> bf16 rounds to nearest even)
     slot_mapping: int64 [num_tokens]
     """
     # Fast path: each property read once (they cost ~0.1-0.5 us apiece); any doubt goes to the
@@ -84,7 +85,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
               and value_cache.dtype is key_cache.dtype and len(kshape) == 3 and len(cshape) == 4
               and value.shape == kshape and value_cache.shape == cshape
               and kshape[1] == cshape[1] and kshape[2] == cshape[3] and kstride[2] == 1 and vstride[2] == 1
-              and key_cache.is_contiguous() and value_cache.is_contiguous()
+              and (block_stride := checks.layer_block_stride(key_cache, value_cache)) is not None
               and slot_mapping.dtype is torch.int64 and slot_mapping.shape == kshape[:1]
               and slot_mapping.is_contiguous())
     except (AttributeError, TypeError, IndexError):
@@ -100,14 +101,14 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     _core.reshape_and_cache_cpu(
         key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
         slot_mapping.data_ptr(), num_tokens, cshape[1], cshape[3], cshape[0], cshape[2],
-        kstride[0], kstride[1], vstride[0], vstride[1], src_code, cache_code)
+        kstride[0], kstride[1], vstride[0], vstride[1], src_code, cache_code, block_stride)
 
 
 def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Raises the precise error for a call the fast path refused."""
     tensors = dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     _check_cpu("reshape_and_cache", **tensors)
-    checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, _dtype_code)
+    checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, _dtype_code, block_strided=True)
     raise ValueError(f"reshape_and_cache does not support these arguments: {_describe(tensors)} "
                      "(see its docstring for the shapes, dtypes and strides it takes)")
 
@@ -117,7 +118,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
     """Causal attention of every query row over its sequence's cached K/V; writes `out` in place.
 
     query, out:      [num_tokens, num_heads, head_size], same dtype (fp32/bf16), last stride 1
-    key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], contiguous
+    key/value_cache: [num_blocks, num_kv_heads, block_size, head_size], as reshape_and_cache takes them
     block_tables:    int32 [num_seqs, max_blocks_per_seq], padded with _core.NULL_BLOCK (-1)
     seq_lens:        int32 [num_seqs], cached tokens including this step's new ones
     query_start_loc: int32 [num_seqs + 1]; sequence s owns query rows [qsl[s], qsl[s+1])
@@ -137,7 +138,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
               and out.shape == qshape and value_cache.shape == cshape and qshape[2] == head_size
               and head_size % 8 == 0 and head_size <= MAX_HEAD_SIZE and qshape[1] % cshape[1] == 0
               and qstride[2] == 1 and ostride[2] == 1
-              and key_cache.is_contiguous() and value_cache.is_contiguous()
+              and (block_stride := checks.layer_block_stride(key_cache, value_cache)) is not None
               and block_tables.dtype is torch.int32 and len(bshape) == 2 and block_tables.is_contiguous()
               and seq_lens.dtype is torch.int32 and seq_lens.shape == bshape[:1] and seq_lens.is_contiguous()
               and query_start_loc.dtype is torch.int32 and query_start_loc.shape[0] == bshape[0] + 1
@@ -162,7 +163,8 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
         out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(),
         num_seqs, num_tokens, qshape[1], cshape[1], head_size, cshape[0], cshape[2], bshape[1],
-        qstride[0], qstride[1], ostride[0], ostride[1], q_code, cache_code, scale, max_query_len, max_seq_len)
+        qstride[0], qstride[1], ostride[0], ostride[1], q_code, cache_code, scale, max_query_len, max_seq_len,
+        block_stride)
 
 
 def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
@@ -171,7 +173,7 @@ def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, 
     tensors = dict(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
                    seq_lens=seq_lens, query_start_loc=query_start_loc)
     _check_cpu("paged_attention", **tensors)
-    checks.check_cache_pair(key_cache, value_cache)
+    checks.check_cache_pair(key_cache, value_cache, block_strided=True)
     _dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
     checks.check_rows(query, "query", None, head_size)
@@ -213,28 +215,37 @@ def _check_block_mapping(block_mapping: torch.Tensor) -> torch.Tensor:
 def copy_blocks(kv_cache, block_mapping) -> None:
     """Copies every layer's K and V block src -> dst for each (src, dst) row, in row order.
 
-    kv_cache: [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size], contiguous
+    kv_cache: [num_layers, 2, num_blocks, num_kv_heads, block_size, head_size], contiguous or block-major
+              (checks.kv_cache_strides)
     block_mapping: int32 [n, 2]
     """
     cuda = _cuda_kernels(kv_cache)
     if cuda is not None:
         return cuda.copy_blocks(kv_cache, block_mapping)
     _check_cpu("copy_blocks", kv_cache=kv_cache, block_mapping=block_mapping)
-    checks.check_kv_cache(kv_cache, "kv_cache")
+    checks.check_kv_cache(kv_cache, "kv_cache", block_major=True)
     _dtype_code(kv_cache, "kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return
     num_layers, _, num_blocks = kv_cache.shape[:3]
+    plane_stride, block_stride = _plane_and_block_strides(kv_cache)
     _core.copy_blocks_cpu(kv_cache.data_ptr(), kv_cache.data_ptr(), block_mapping.data_ptr(),
                           block_mapping.shape[0], num_layers * 2, num_blocks, num_blocks,
-                          kv_cache[0, 0, 0].numel() * kv_cache.element_size())
+                          kv_cache[0, 0, 0].numel() * kv_cache.element_size(),
+                          plane_stride, block_stride, plane_stride, block_stride)
+
+
+def _plane_and_block_strides(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """Bytes from plane (layer, K/V) p to p + 1 and from block b to b + 1 (checks.kv_cache_strides)."""
+    _, kv_stride, block_stride = kv_cache.stride()[:3]
+    return kv_stride * kv_cache.element_size(), block_stride * kv_cache.element_size()
 
 
 def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     """Copies every layer's K and V block from one cache to another (e.g. GPU <-> CPU pool).
 
-    src_kv_cache, dst_kv_cache: same layout and dtype, num_blocks may differ
+    src_kv_cache, dst_kv_cache: same dtype, num_blocks may differ; each contiguous or block-major
     block_mapping: int32 [n, 2] rows (src block in src_kv_cache, dst block in dst_kv_cache)
     """
     cuda = _cuda_kernels(src_kv_cache, dst_kv_cache)
@@ -242,7 +253,7 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
         return cuda.swap_blocks(src_kv_cache, dst_kv_cache, block_mapping)
     _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
                block_mapping=block_mapping)
-    checks.check_swap_caches(src_kv_cache, dst_kv_cache)
+    checks.check_swap_caches(src_kv_cache, dst_kv_cache, block_major=True)
     _dtype_code(src_kv_cache, "src_kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
@@ -250,4 +261,5 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     num_layers = src_kv_cache.shape[0]
     _core.copy_blocks_cpu(src_kv_cache.data_ptr(), dst_kv_cache.data_ptr(), block_mapping.data_ptr(),
                           block_mapping.shape[0], num_layers * 2, src_kv_cache.shape[2],
-                          dst_kv_cache.shape[2], src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size())
+                          dst_kv_cache.shape[2], src_kv_cache[0, 0, 0].numel() * src_kv_cache.element_size(),
+                          *_plane_and_block_strides(src_kv_cache), *_plane_and_block_strides(dst_kv_cache))

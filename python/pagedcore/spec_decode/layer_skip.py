@@ -79,7 +79,7 @@ class LayerSkipDraft:
 
     def bind(self, target_kv_cache: torch.Tensor, num_blocks: int, num_cpu_blocks: int, scheduler) -> None:
         """target_kv_cache [L, 2, num_blocks + scratch, ...]: the proposals read and write its first N layers."""
-        self._kv = target_kv_cache[:self.num_layers]          # [N, 2, num_blocks + scratch, ...], contiguous
+        self._kv = target_kv_cache[:self.num_layers]          # [N, 2, num_blocks + scratch, ...], a view
         scratch = np.arange(num_blocks, num_blocks + self.scratch_blocks, dtype=np.int32)
         self.proposer = DraftProposer(self._logits, self._kv, scratch, self.num_speculative_tokens)
 
