@@ -26,13 +26,13 @@ LAYOUTS = ("layer_major", "block_major")
 WORKLOAD = Path(__file__).parent / "workloads" / "workload_n128_seed0.json"
 
 
-def make_engines(scatter: bool):
+def make_engines(scatter: bool, num_scheduler_steps: int):
     from pagedcore import LLM
 
     engines = {}
     for layout in LAYOUTS:
         os.environ["PAGEDCORE_KV_LAYOUT"] = layout
-        llm = LLM(kv_cache_memory="4GiB", enable_prefix_caching=False)
+        llm = LLM(kv_cache_memory="4GiB", enable_prefix_caching=False, num_scheduler_steps=num_scheduler_steps)
         llm.llm_engine.wait_for_kv_commit()
         if scatter:
             pool = llm.llm_engine.scheduler.gpu_pool
@@ -60,10 +60,11 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512, help="single: prompt tokens (random ids)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--scatter", action="store_true")
+    p.add_argument("--num-scheduler-steps", type=int, default=1, help="the engines' multi-step scheduling")
     args = p.parse_args(argv)
     from pagedcore import SamplingParams
 
-    engines = make_engines(args.scatter)
+    engines = make_engines(args.scatter, args.num_scheduler_steps)
     rng = random.Random(0)
     if args.mode == "single":
         params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
         unit, better = "output tok/s", max
     figures = run(engines, args.rounds, one_round)
     print(f"{args.mode}{' --context %d' % args.context if args.mode == 'single' else ''}"
-          f"{' --scatter' if args.scatter else ''}: {unit}, {args.rounds} alternated rounds")
+          f"{' --scatter' if args.scatter else ''} --num-scheduler-steps {args.num_scheduler_steps}: {unit}, "
+          f"{args.rounds} alternated rounds")
     for layout, values in figures.items():
         print(f"  {layout:12s} median {statistics.median(values):.4g}  best {better(values):.4g}  "
               f"all {[round(v, 4) for v in values]}")

@@ -35,7 +35,7 @@ void bind_attention(py::module_& m) {
         p.value_stride_token = value_stride_token;
         p.value_stride_head = value_stride_head;
         p.src_dtype = to_dtype(src_dtype);
-        p.cache_dtype = to_dtype(cache_dtype);
+        p.cache_dtype = to_cache_dtype(cache_dtype);
         kernels::Status status;
         {
           py::gil_scoped_release release;
@@ -79,7 +79,7 @@ void bind_attention(py::module_& m) {
         p.out_stride_token = out_stride_token;
         p.out_stride_head = out_stride_head;
         p.q_dtype = to_dtype(q_dtype);
-        p.cache_dtype = to_dtype(cache_dtype);
+        p.cache_dtype = to_cache_dtype(cache_dtype);
         p.scale = static_cast<float>(scale);
         p.max_query_len = max_query_len;
         p.max_seq_len = max_seq_len;

@@ -43,6 +43,12 @@ inline kernels::DType to_dtype(int32_t code) {
   return static_cast<kernels::DType>(code);
 }
 
+// A KV cache's dtype code: an activation dtype or one of the fp8 formats (kernels/fp8.h).
+inline kernels::DType to_cache_dtype(int32_t code) {
+  if (!kernels::valid_cache_dtype(code)) throw py::value_error("unknown KV cache dtype code " + std::to_string(code));
+  return static_cast<kernels::DType>(code);
+}
+
 // An ISA code of _core.kernel_isa_names() (its index), or -1: the active ISA at each call (nullopt).
 inline std::optional<kernels::Isa> to_isa(int32_t code) {
   if (code == -1) return std::nullopt;

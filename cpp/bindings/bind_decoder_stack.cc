@@ -110,7 +110,7 @@ void bind_decoder_stack(py::module_& m) {
             step.num_tokens = num_tokens;
             step.cos_sin = ptr<const void>(cos_sin);
             step.kv_cache = ptr<void>(kv_cache);
-            step.cache_dtype = to_dtype(cache_dtype);
+            step.cache_dtype = to_cache_dtype(cache_dtype);
             step.num_blocks = num_blocks;
             step.block_size = block_size;
             step.slot_mapping = ptr<const int64_t>(slot_mapping);

@@ -50,7 +50,7 @@ kernels::DecoderStackParams step_params(const Array<int64_t>& input_ids, const A
   kernels::DecoderStackParams step;
   step.num_tokens = T;
   step.kv_cache = ptr<void>(kv_cache);
-  step.cache_dtype = to_dtype(cache_dtype);
+  step.cache_dtype = to_cache_dtype(cache_dtype);
   step.num_blocks = num_blocks;
   step.block_size = block_size;
   step.kv_stride_layer = kv_strides[0];

@@ -15,7 +15,8 @@
 //     acc[M, D] = acc * exp(m - m') + P[M, n] . V[n, D]   (MR rows x NV vectors per register tile)
 //
 // bf16 blocks are widened to fp32 in registers when a tile has at most 4 rows (decode), or once
-// per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place.
+// per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place; fp8
+// blocks (fp8.h, vLLM's --kv-cache-dtype fp8*) are always widened into the buffers, a plane at a time.
 // A bf16 cache (either query dtype) on a CPU with pair dot products (AVX512-BF16, or its emulation)
 // takes the tiles of attention_dot_tiles.h instead: bf16 operands as stored, no widening.
 #ifndef PC_ISA_NAMESPACE
@@ -69,7 +70,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   constexpr bool kDotIsa = V::kHasDotBf16 && W == 16;
   // An fp32 query over a bf16 cache (quantized models' activations) is rounded to bf16 for the
   // scores, as llama.cpp rounds it to its cache's type.
-  const bool dot = kDotIsa && p.cache_dtype == DType::kBFloat16 && D % 32 == 0;
+  // An fp8 cache takes them too: each plane is widened to bf16 (exactly) into the staging buffers first.
+  const bool dot = kDotIsa && (p.cache_dtype == DType::kBFloat16 || is_fp8(p.cache_dtype)) && D % 32 == 0;
   uint16_t* Qb = reinterpret_cast<uint16_t*>(scratch + layout.qb);  // [M, D] bf16 query rows, unscaled
   uint16_t* Pb = reinterpret_cast<uint16_t*>(scratch + layout.pb);  // [M, s_stride] bf16 probabilities
 
@@ -94,6 +96,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
 
   const int32_t* block_table = p.block_tables + item.seq * p.max_blocks_per_seq;
   const bool bf16_cache = p.cache_dtype == DType::kBFloat16;
+  const bool fp8_cache = is_fp8(p.cache_dtype);
+  const bool e4m3 = p.cache_dtype == DType::kFloat8E4M3;
   // Elements of one [block_size, head_size] plane (one block, one kv head).
   const int64_t plane = BS * D;
   // Elements from block b to block b + 1 of this layer's cache (a block-major model cache interleaves layers).
@@ -113,8 +117,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     const int64_t m0 = first_row * group;
     // Few rows (decode): widen bf16 inside the loops, each element is used by at most 4 rows.
     // Many rows (prefill tiles): widen each block once into the staging buffers.
-    const bool stage = bf16_cache && M - m0 > 4 && !dot;
-    const int64_t elem = bf16_cache ? 2 : 4;
+    const bool stage = ((bf16_cache && M - m0 > 4) || fp8_cache) && !dot;
+    const int64_t elem = dtype_size(p.cache_dtype);
     // Plane offset (elements) of the block holding chunk column `col` of the next chunk, or -1.
     auto next_plane = [&](int64_t col) -> int64_t {
       const int64_t pos = chunk_start + chunk_keys + col;
@@ -132,6 +136,13 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       if constexpr (kDotIsa) {
         if (dot) {
           const uint16_t* Kb = static_cast<const uint16_t*>(p.key_cache) + base;
+          if (fp8_cache) {  // K and V of this plane as bf16 rows of the staging buffers
+            uint16_t* Kbf = reinterpret_cast<uint16_t*>(Kst) + col * D;
+            narrow_rows_fp8<kD>(static_cast<const uint8_t*>(p.key_cache) + base, Kbf, n, D, e4m3);
+            narrow_rows_fp8<kD>(static_cast<const uint8_t*>(p.value_cache) + base,
+                                reinterpret_cast<uint16_t*>(Vst) + col * D, n, D, e4m3);
+            Kb = Kbf;
+          }
           for (int64_t m = m0; m < M; ++m)
             for (int64_t j = 0; j < n; j += 16)
               qk_dot_row<kD>(Qb + m * D, Kb + j * D, imin(16, n - j), D, p.scale, S + m * s_stride + col + j,
@@ -139,17 +150,22 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
           continue;
         }
       }
-      if (!bf16_cache) {
+      if (stage) {  // many rows, compute-bound (or fp8): one burst for the whole plane is enough
+        if (k_ahead) prefetch_lines(k_ahead, plane * elem);
+        float* Kb = Kst + col * D;
+        if (fp8_cache) {
+          widen_rows_fp8<kD>(static_cast<const uint8_t*>(p.key_cache) + base, Kb, n, D, e4m3);
+          widen_rows_fp8<kD>(static_cast<const uint8_t*>(p.value_cache) + base, Vst + col * D, n, D, e4m3);
+        } else {
+          widen_rows<kD>(static_cast<const uint16_t*>(p.key_cache) + base, Kb, n, D);
+          widen_rows<kD>(static_cast<const uint16_t*>(p.value_cache) + base, Vst + col * D, n, D);
+        }
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, nullptr); });
+      } else if (!bf16_cache) {
         const float* Kb = static_cast<const float*>(p.key_cache) + base;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
           qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, m == m0 ? k_ahead : nullptr);
         });
-      } else if (stage) {  // many rows, compute-bound: one burst for the whole plane is enough
-        if (k_ahead) prefetch_lines(k_ahead, plane * elem);
-        float* Kb = Kst + col * D;
-        widen_rows<kD>(static_cast<const uint16_t*>(p.key_cache) + base, Kb, n, D);
-        widen_rows<kD>(static_cast<const uint16_t*>(p.value_cache) + base, Vst + col * D, n, D);
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, nullptr); });
       } else {
         const uint16_t* Kb = static_cast<const uint16_t*>(p.key_cache) + base;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
@@ -174,23 +190,24 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
       const float* rescale = col == 0 ? alpha : nullptr;
       if constexpr (kDotIsa) {
         if (dot) {
-          const uint16_t* Vb = static_cast<const uint16_t*>(p.value_cache) + base;
+          const uint16_t* Vb = fp8_cache ? reinterpret_cast<const uint16_t*>(Vst) + col * D
+                                         : static_cast<const uint16_t*>(p.value_cache) + base;
           for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
             pv_dot(mr, Pb, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
           });
           continue;
         }
       }
-      if (!bf16_cache) {
-        const float* Vb = static_cast<const float*>(p.value_cache) + base;
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
-          pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
-        });
-      } else if (stage) {
+      if (stage) {
         if (v_ahead) prefetch_lines(v_ahead, plane * elem);
         const float* Vb = Vst + col * D;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
           pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, nullptr);
+        });
+      } else if (!bf16_cache) {
+        const float* Vb = static_cast<const float*>(p.value_cache) + base;
+        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {
+          pv_dispatch(mr, S, Vb, acc, rescale, m, n, D, s_stride, col, m == m0 ? v_ahead : nullptr);
         });
       } else {
         const uint16_t* Vb = static_cast<const uint16_t*>(p.value_cache) + base;

@@ -208,6 +208,19 @@ inline void widen_rows(const uint16_t* src, float* dst, int64_t n, int64_t D_rt)
 }
 
 template <int kD>
+inline void widen_rows_fp8(const uint8_t* src, float* dst, int64_t n, int64_t D_rt, bool e4m3) {
+  const int64_t count = n * (kD ? kD : D_rt);
+  for (int64_t c = 0; c < count; c += W) V::store(dst + c, V::load_fp8(src + c, e4m3));
+}
+
+// fp8 rows as bf16 (every fp8 value is one exactly), for the pair-dot tiles.
+template <int kD>
+inline void narrow_rows_fp8(const uint8_t* src, uint16_t* dst, int64_t n, int64_t D_rt, bool e4m3) {
+  const int64_t count = n * (kD ? kD : D_rt);
+  for (int64_t c = 0; c < count; c += W) V::fp8_to_bf16(src + c, dst + c, e4m3);
+}
+
+template <int kD>
 inline void load_row(const void* src, DType dtype, float* dst, float scale, int64_t D_rt) {
   const int64_t D = kD ? kD : D_rt;
   const R sc = V::set1(scale);

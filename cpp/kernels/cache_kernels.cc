@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/common.h"
+#include "kernels/fp8.h"
 #include "kernels/parallel.h"
 
 namespace pagedcore {
@@ -35,7 +36,22 @@ inline void convert_row<uint16_t, float>(const uint16_t* src, float* dst, int64_
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 
-template <typename Src, typename Dst>
+// fp32 or bf16 rows into an fp8 cache (fp8.h: nearest, ties to even, saturated).
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return bf16_to_float(x); }
+template <bool kE4M3, typename Src>
+inline void convert_row_fp8(const Src* src, uint8_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_fp8<kE4M3>(widen(src[i]));
+}
+
+// kFp8: 0 = Dst is the cache's own type, 1 = e4m3, 2 = e5m2 (Dst uint8_t).
+template <typename Src, typename Dst, int kFp8 = 0>
+inline void write_row(const Src* src, Dst* dst, int64_t n) {
+  if constexpr (kFp8 == 0) convert_row(src, dst, n);
+  else convert_row_fp8<kFp8 == 1>(src, dst, n);
+}
+
+template <typename Src, typename Dst, int kFp8 = 0>
 void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
   const int64_t row_bytes = p.num_kv_heads * p.head_size * static_cast<int64_t>(sizeof(Dst)) * 2;
   const int64_t block_stride = p.kv_block_stride > 0 ? p.kv_block_stride : p.num_kv_heads * p.block_size * p.head_size;
@@ -48,10 +64,11 @@ void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
       for (int64_t h = 0; h < p.num_kv_heads; ++h) {
         // element (block, h, offset, 0) of [num_blocks, num_kv_heads, block_size, head_size]
         const int64_t dst = block * block_stride + (h * p.block_size + offset) * p.head_size;
-        convert_row(static_cast<const Src*>(p.key) + t * p.key_stride_token + h * p.key_stride_head,
-                    static_cast<Dst*>(p.key_cache) + dst, p.head_size);
-        convert_row(static_cast<const Src*>(p.value) + t * p.value_stride_token + h * p.value_stride_head,
-                    static_cast<Dst*>(p.value_cache) + dst, p.head_size);
+        write_row<Src, Dst, kFp8>(static_cast<const Src*>(p.key) + t * p.key_stride_token + h * p.key_stride_head,
+                                  static_cast<Dst*>(p.key_cache) + dst, p.head_size);
+        write_row<Src, Dst, kFp8>(
+            static_cast<const Src*>(p.value) + t * p.value_stride_token + h * p.value_stride_head,
+            static_cast<Dst*>(p.value_cache) + dst, p.head_size);
       }
     }
   };
@@ -71,6 +88,8 @@ void reshape_and_cache_typed(const ReshapeAndCacheParams& p) {
 Status reshape_and_cache(const ReshapeAndCacheParams& p) {
   if (p.num_tokens < 0 || p.num_kv_heads <= 0 || p.head_size <= 0 || p.num_blocks < 0 || p.block_size <= 0)
     return Status::invalid("reshape_and_cache: sizes must be positive (num_kv_heads, head_size, block_size)");
+  if (!valid_dtype(static_cast<int32_t>(p.src_dtype)) || !valid_cache_dtype(static_cast<int32_t>(p.cache_dtype)))
+    return Status::invalid("reshape_and_cache: unknown source or cache dtype");
   if (p.kv_block_stride != 0 && p.kv_block_stride < p.num_kv_heads * p.block_size * p.head_size)
     return Status::invalid("reshape_and_cache: kv_block_stride " + std::to_string(p.kv_block_stride) +
                            " is shorter than a block (num_kv_heads * block_size * head_size); pass 0 for a "
@@ -86,11 +105,24 @@ Status reshape_and_cache(const ReshapeAndCacheParams& p) {
   }
   if (p.num_tokens == 0) return Status::ok();
   const bool src_bf16 = p.src_dtype == DType::kBFloat16;
-  const bool dst_bf16 = p.cache_dtype == DType::kBFloat16;
-  if (!src_bf16 && !dst_bf16) reshape_and_cache_typed<float, float>(p);
-  if (!src_bf16 && dst_bf16) reshape_and_cache_typed<float, uint16_t>(p);
-  if (src_bf16 && !dst_bf16) reshape_and_cache_typed<uint16_t, float>(p);
-  if (src_bf16 && dst_bf16) reshape_and_cache_typed<uint16_t, uint16_t>(p);
+  switch (p.cache_dtype) {
+    case DType::kFloat32:
+      if (src_bf16) reshape_and_cache_typed<uint16_t, float>(p);
+      else reshape_and_cache_typed<float, float>(p);
+      break;
+    case DType::kBFloat16:
+      if (src_bf16) reshape_and_cache_typed<uint16_t, uint16_t>(p);
+      else reshape_and_cache_typed<float, uint16_t>(p);
+      break;
+    case DType::kFloat8E4M3:
+      if (src_bf16) reshape_and_cache_typed<uint16_t, uint8_t, 1>(p);
+      else reshape_and_cache_typed<float, uint8_t, 1>(p);
+      break;
+    case DType::kFloat8E5M2:
+      if (src_bf16) reshape_and_cache_typed<uint16_t, uint8_t, 2>(p);
+      else reshape_and_cache_typed<float, uint8_t, 2>(p);
+      break;
+  }
   return Status::ok();
 }
 

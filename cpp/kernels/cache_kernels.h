@@ -38,7 +38,8 @@ struct ReshapeAndCacheParams {
   int64_t value_stride_token = 0;
   int64_t value_stride_head = 0;
   DType src_dtype = DType::kFloat32;    // key and value
-  DType cache_dtype = DType::kFloat32;  // key_cache and value_cache (fp32 -> bf16 rounds to nearest even)
+  DType cache_dtype = DType::kFloat32;  // key_cache and value_cache: fp32, bf16 (rounds to nearest even) or
+                                        // fp8 e4m3 / e5m2 (fp8.h: rounds to nearest even, saturates)
 };
 
 Status reshape_and_cache(const ReshapeAndCacheParams& p);

@@ -71,7 +71,7 @@ Status check(const DecoderStackParams& p) {
   return Status::ok();
 }
 
-int64_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+int64_t esize(DType t) { return dtype_size(t); }
 
 char* at(void* base, int64_t elements, DType t) { return static_cast<char*>(base) + elements * esize(t); }
 

@@ -10,11 +10,14 @@
 namespace pagedcore {
 namespace kernels {
 
-// Element type of an activation or cache buffer. The codes are shared with python/pagedcore/ops/dtypes.py.
-enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
+// Element type of an activation or cache buffer. The codes are shared with python/pagedcore/ops/dtypes.py
+// (2 is fp16, which only the CUDA kernels take). The fp8 formats (fp8.h) are KV cache types only.
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat8E4M3 = 3, kFloat8E5M2 = 4 };
 
-inline bool valid_dtype(int32_t code) { return code == 0 || code == 1; }
-inline int64_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+inline bool valid_dtype(int32_t code) { return code == 0 || code == 1; }                // activations
+inline bool valid_cache_dtype(int32_t code) { return valid_dtype(code) || code == 3 || code == 4; }
+inline bool is_fp8(DType t) { return t == DType::kFloat8E4M3 || t == DType::kFloat8E5M2; }
+inline int64_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : is_fp8(t) ? 1 : 2; }
 
 // What a launcher returns: ok, or which argument is wrong and how. Nothing has been written when a
 // launcher returns an error: all checks run before any store.

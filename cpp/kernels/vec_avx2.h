@@ -33,6 +33,15 @@ struct VecAvx2 {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // 8 fp8 (kernels/fp8.h) widened through fp16 (F16C), as VecAvx512::load_fp8.
+  static R load_fp8(const uint8_t* p, bool e4m3) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    if (!e4m3) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+  }
+  static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
   static __m256i round_bits(R a) {  // fp32 bits rounded to nearest even bf16 in the top half; NaN quiet
     const __m256i bits = _mm256_castps_si256(a);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));

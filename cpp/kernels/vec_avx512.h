@@ -38,6 +38,27 @@ struct VecAvx512 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // 16 fp8 (kernels/fp8.h) widened through fp16: an e5m2 byte is an fp16's top byte; an e4m3 one's
+  // exponent and mantissa shifted into an fp16 read 2^8 too small (bias 15, not 7). The NaN codes are
+  // never written (the cache writes saturate).
+  static R load_fp8(const uint8_t* p, bool e4m3) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if (!e4m3) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+  }
+  // 16 fp8 as bf16, exactly, for the pair-dot tiles: the byte's exponent and mantissa placed in an fp32 with
+  // the wrong bias (127 for 7 or 15), scaled by 2^120 / 2^112 (subnormals come out right too), top halves kept.
+  static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), e4m3 ? 20 : 21);
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const R f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(mag, sign)),
+                              _mm512_set1_ps(e4m3 ? 0x1p120f : 0x1p112f));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+  }
   static __m512i round_bits(R a) {  // fp32 bits rounded to nearest even bf16 in the top half; NaN quiet
     const __m512i bits = _mm512_castps_si512(a);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

@@ -82,6 +82,19 @@ struct VecGeneric {
   static void store_bf16(uint16_t* p, const R& a) {
     for (int i = 0; i < W; ++i) p[i] = float_to_bf16_rne(a.v[i]);
   }
+  static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
+  // W fp8 (kernels/fp8.h; its own copy here, as every function of a trait: see attention_kernel.h).
+  static R load_fp8(const uint8_t* p, bool e4m3) {
+    R r;
+    for (int i = 0; i < W; ++i) {
+      const int mant = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+      const int e = (p[i] & 0x7f) >> mant, m = p[i] & ((1 << mant) - 1);
+      const float v = e == 0 ? std::ldexp(static_cast<float>(m), 1 - bias - mant)
+                             : std::ldexp(static_cast<float>((1 << mant) + m), e - bias - mant);
+      r.v[i] = (p[i] & 0x80) ? -v : v;
+    }
+    return r;
+  }
   static R round_bf16(const R& a) {
     R r;
     for (int i = 0; i < W; ++i) r.v[i] = bf16_bits_to_float(float_to_bf16_rne(a.v[i]));

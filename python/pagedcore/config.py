@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16")
+_FP8_CACHE_DTYPES = ("fp8_e4m3", "fp8_e5m2")   # KV cache only (vLLM's --kv-cache-dtype names)
 # --quantization names (vLLM's where it has one): "gguf" serves a .gguf file's blocks as stored (the
 # default for a GGUF under --dtype auto); "int8_per_channel" quantizes a dense checkpoint at load
 # (int8 weights, one scale per output channel; W8A8 with dynamic per-token activation scales), named
@@ -62,10 +63,11 @@ class EngineConfig:
                                              # (auto: a GGUF keeps its blocks, fp32 activations; an HF folder,
                                              # or any model on a GPU or with tensor parallelism, float32)
     quantization: str | None = None          # None | gguf | int8_per_channel (QUANTIZATION_METHODS)
-    # vLLM's --kv-cache-dtype: auto | float32 | bfloat16. auto is the activations' dtype, except for a GGUF
-    # run as stored in-process on the CPU, whose fp32 activations get a bf16 cache (half the cache's bytes
-    # and attention's reads; keys and values are rounded to bf16 as they are written). A dtype other than
-    # the activations' is for in-process CPU engines only.
+    # vLLM's --kv-cache-dtype: auto | float32 | bfloat16 | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2. auto is the
+    # activations' dtype, except for a GGUF run as stored in-process on the CPU, whose fp32 activations get a
+    # bf16 cache (half the cache's bytes and attention's reads; keys and values are rounded to bf16 as they
+    # are written). fp8: a quarter of fp32's bytes, values rounded to OCP fp8 with scale 1 and saturated, as
+    # vLLM without calibrated scales. A dtype other than the activations' is for in-process CPU engines only.
     kv_cache_dtype: str = "auto"
     block_size: int = 16                     # tokens per KV block
     max_num_seqs: int = 256                  # sequences per step
@@ -122,13 +124,10 @@ class EngineConfig:
             # The quantized kernels run on the CPU only and tensor parallelism shards dense weights
             # only: there a GGUF is dequantised to float32 (an HF folder is float32 under auto anyway).
             self.dtype = "float32"
-        self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}.get(
+        self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp8": "fp8_e4m3"}.get(
             self.kv_cache_dtype, self.kv_cache_dtype)
-        if str(self.kv_cache_dtype).startswith("fp8"):
-            raise ValueError(f"EngineConfig.kv_cache_dtype {self.kv_cache_dtype!r} is not supported: no fp8 KV "
-                             "cache kernels here; use auto, bfloat16 or float32")
-        if self.kv_cache_dtype not in (*_DTYPES, "auto"):
-            fail("kv_cache_dtype", "one of " + ", ".join(("auto", *_DTYPES)))
+        if self.kv_cache_dtype not in (*_DTYPES, *_FP8_CACHE_DTYPES, "auto"):
+            fail("kv_cache_dtype", "one of " + ", ".join(("auto", *_DTYPES, "fp8", *_FP8_CACHE_DTYPES)))
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype != self.dtype:
             where = ("device " + repr(self.device) if self.device != "cpu" else
                      "tensor or pipeline parallelism" if self.tensor_parallel_size * self.pipeline_parallel_size > 1

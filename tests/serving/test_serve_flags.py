@@ -34,9 +34,9 @@ def test_kv_cache_memory_bytes_is_vllms_name_for_kv_cache_memory():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--kv-cache-dtype", "fp8"], "kv_cache_dtype 'fp8' is not supported: no fp8 KV cache kernels"),
-    (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype 'fp8_e5m2' is not supported"),
-    (["--kv-cache-dtype", "int4"], "kv_cache_dtype must be one of auto, float32, bfloat16"),
+    (["--kv-cache-dtype", "fp8", "--device", "cuda"], "'fp8_e4m3' differs .* in-process on the CPU only"),
+    (["--kv-cache-dtype", "fp8_e5m2", "-tp", "2"], "in-process on the CPU only, not with tensor"),
+    (["--kv-cache-dtype", "int4"], "kv_cache_dtype must be one of auto, float32, bfloat16, fp8, fp8_e4m3"),
     (["--kv-cache-dtype", "bfloat16", "--dtype", "float32", "-tp", "2"], "in-process on the CPU only"),
     (["--cpu-offload-gb", "4"], "--cpu-offload-gb 4.0 is not supported"),
     (["--gpu-memory-utilization", "0.8"], "--gpu-memory-utilization applies to a GPU"),
@@ -46,6 +46,13 @@ def test_kv_cache_memory_bytes_is_vllms_name_for_kv_cache_memory():
 def test_cache_flags_it_cannot_honour_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         engine_config_from_args(parse(*argv))
+
+
+@pytest.mark.parametrize("flag,name", [("fp8", "fp8_e4m3"), ("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")])
+def test_fp8_kv_cache_dtypes_take_vllms_names(flag, name):
+    config = engine_config_from_args(parse("--kv-cache-dtype", flag))
+    config.resolve_dtype("float32")
+    assert config.kv_cache_dtype == name                  # vLLM: fp8 is e4m3
 
 
 def test_kv_cache_dtype_reaches_the_config():

@@ -130,7 +130,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=16, help="windows in flight at once")
     p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-cache-memory", default="1GiB", help="KV cache size")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "fp8", "fp8_e4m3",
+                                                                "fp8_e5m2"],
                    help="KV cache dtype of every variant (auto: each variant's default)")
     p.add_argument("--output-json", default=None, help="write the result here")
     p.set_defaults(func=_command("perplexity", "cmd_perplexity"))

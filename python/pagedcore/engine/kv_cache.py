@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3   # vLLM-CPU's default KV space
 DEFAULT_CPU_KV_CACHE_FRACTION = 0.4        # ...but never more than this share of available memory
 GiB = 1024**3
+# --kv-cache-dtype names (EngineConfig.kv_cache_dtype, resolved) -> the cache tensor's dtype. The fp8 formats
+# (vLLM's fp8 / fp8_e4m3 / fp8_e5m2, scale 1) are stored and read by the CPU kernels (cpp/kernels/fp8.h).
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {**SUPPORTED_DTYPES, "fp8_e4m3": torch.float8_e4m3fn,
+                                           "fp8_e5m2": torch.float8_e5m2}
 
 
 def available_memory_bytes() -> int:
@@ -69,7 +73,7 @@ class KVCacheSpec:
     @classmethod
     def of(cls, model_config: ModelConfig, block_size: int, dtype: str) -> KVCacheSpec:
         return cls(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, block_size,
-                   SUPPORTED_DTYPES[dtype])
+                   KV_CACHE_DTYPES[dtype])
 
 
 def cpu_kv_cache_budget(config: EngineConfig, spec: KVCacheSpec | None = None) -> int:

@@ -46,9 +46,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "serves (default; on a VM that backs memory on first touch, 4 GiB took 10-22 s), or "
                         "before start-up ends (benchmarks: nothing else running from the first step)")
     g.add_argument("--kv-cache-dtype", default="auto",
-                   help="KV cache dtype (vLLM's flag): auto (the activations' dtype), bfloat16 or float32; a "
-                        "bfloat16 cache under float32 activations (e.g. a GGUF run as stored) halves the "
-                        "cache's bytes; fp8 variants are refused")
+                   help="KV cache dtype (vLLM's flag): auto (the activations' dtype), bfloat16, float32, fp8 (= "
+                        "fp8_e4m3) or fp8_e5m2; a bfloat16 cache under float32 activations (e.g. a GGUF run as "
+                        "stored) halves the cache's bytes, fp8 halves bf16's (values rounded to OCP fp8, scale 1, "
+                        "saturated; the CPU in-process engine only)")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0,
                    help="vLLM's weight offload to CPU memory: only 0 is supported (on the CPU the weights are "
                         "already in CPU memory)")

@@ -25,6 +25,7 @@ from pagedcore.layers.attention import AttentionMetadata
 from pagedcore.layers.linear import Linear, current_x16_weight
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops import checks
+from pagedcore.ops.dtypes import CPU_CACHE_DTYPE_CODES as _CACHE_DTYPE_CODE
 from pagedcore.ops.dtypes import CPU_DTYPE_CODES as _DTYPE_CODE
 from pagedcore.ops.dense_repack import X16_FORMATS, X16_MAX_ROWS, X16Weight
 from pagedcore.ops.linear import max_rows
@@ -217,7 +218,7 @@ class DecoderStack:
               and cos_sin.dtype is self.dtype and cos_sin.shape == (T, self.head_dim) and cos_sin.is_contiguous()
               and len(kv_shape) == 6 and kv_shape[0] == self.num_layers and kv_shape[1] == 2
               and kv_shape[3] == self.num_kv_heads and kv_shape[5] == self.head_dim
-              and kv_cache.dtype in _DTYPE_CODE and (kv_strides := checks.kv_cache_strides(kv_cache)) is not None
+              and kv_cache.dtype in _CACHE_DTYPE_CODE and (kv_strides := checks.kv_cache_strides(kv_cache)) is not None
               and m.slot_mapping.dtype is torch.int64 and m.slot_mapping.shape == (T,)
               and m.slot_mapping.is_contiguous()
               and m.seq_lens.dtype is torch.int32 and m.seq_lens.dim() == 1 and m.seq_lens.is_contiguous()
@@ -237,7 +238,7 @@ class DecoderStack:
         residual = torch.empty_like(hidden)
         num_actual = m.num_actual_tokens
         self._stack.run(hidden.data_ptr(), residual.data_ptr(), T, cos_sin.data_ptr(), kv_cache.data_ptr(),
-                        _DTYPE_CODE[kv_cache.dtype], kv_shape[2], kv_shape[4], m.slot_mapping.data_ptr(),
+                        _CACHE_DTYPE_CODE[kv_cache.dtype], kv_shape[2], kv_shape[4], m.slot_mapping.data_ptr(),
                         m.block_tables.data_ptr(), m.seq_lens.data_ptr(), m.query_start_loc.data_ptr(), num_seqs,
                         m.block_tables.shape[1], m.max_query_len, m.max_seq_len,
                         -1 if num_actual is None else num_actual, *self.lora_args(), *kv_strides)

@@ -28,7 +28,7 @@ import torch
 from pagedcore import _core
 from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops import checks
-from pagedcore.ops.dtypes import CPU_DTYPE_CODES
+from pagedcore.ops.dtypes import CPU_CACHE_DTYPE_CODES, CPU_DTYPE_CODES
 from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logprobs import RawLogitRows
@@ -132,9 +132,9 @@ class GreedyDecode:
 
     def _check_cache(self, kv_cache: torch.Tensor) -> tuple[int, int, int]:
         """-> the cache's (layer, K->V, block) strides in elements (checks.kv_cache_strides)."""
-        strides = checks.kv_cache_strides(kv_cache) if kv_cache.dtype in CPU_DTYPE_CODES else None
+        strides = checks.kv_cache_strides(kv_cache) if kv_cache.dtype in CPU_CACHE_DTYPE_CODES else None
         if strides is None:
-            raise ValueError(f"GreedyDecode: the KV cache must be a 6-D fp32/bf16 CPU tensor, contiguous or "
+            raise ValueError(f"GreedyDecode: the KV cache must be a 6-D fp32/bf16/fp8 CPU tensor, contiguous or "
                              f"block-major (kv_cache.allocate), got {tuple(kv_cache.shape)} {kv_cache.dtype} "
                              f"strides {kv_cache.stride()}")
         stack = self.stack
@@ -156,7 +156,7 @@ class GreedyDecode:
         if self.stack.lora_batch is not None:
             raise ValueError("GreedyDecode.run_steps: multi-step does not run an engine with LoRA enabled "
                              "(its steps take the single-step call)")
-        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_CACHE_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_seq_len)
         edit_args = {"kv_strides": kv_strides}
@@ -181,7 +181,7 @@ class GreedyDecode:
         bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
         raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
         kv_strides = self._check_cache(kv_cache)
-        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_DTYPE_CODES[kv_cache.dtype],
+        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_CACHE_DTYPE_CODES[kv_cache.dtype],
                 kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
         raw_args = {"kv_strides": kv_strides}

@@ -21,7 +21,7 @@ import torch
 
 from pagedcore import _core
 from pagedcore.ops import checks
-from pagedcore.ops.dtypes import CPU_DTYPE_CODES, dtype_code
+from pagedcore.ops.dtypes import CPU_CACHE_DTYPE_CODES, CPU_DTYPE_CODES, dtype_code
 
 __all__ = ["reshape_and_cache", "paged_attention", "copy_blocks", "swap_blocks"]
 
@@ -30,6 +30,10 @@ MAX_HEAD_SIZE = 256
 
 def _dtype_code(t: torch.Tensor, name: str) -> int:
     return dtype_code(t, name, CPU_DTYPE_CODES, "the CPU kernels")
+
+
+def _cache_dtype_code(t: torch.Tensor, name: str) -> int:
+    return dtype_code(t, name, CPU_CACHE_DTYPE_CODES, "the CPU kernels' caches")
 
 
 def _describe(tensors: dict) -> str:
@@ -79,7 +83,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
         kshape, cshape = key.shape, key_cache.shape
         kstride, vstride = key.stride(), value.stride()
         src_code = CPU_DTYPE_CODES.get(key.dtype)
-        cache_code = CPU_DTYPE_CODES.get(key_cache.dtype)
+        cache_code = CPU_CACHE_DTYPE_CODES.get(key_cache.dtype)
         ok = (key.is_cpu and value.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
               and src_code is not None and cache_code is not None and value.dtype is key.dtype
               and value_cache.dtype is key_cache.dtype and len(kshape) == 3 and len(cshape) == 4
@@ -108,7 +112,8 @@ def _diagnose_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping
     """Raises the precise error for a call the fast path refused."""
     tensors = dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     _check_cpu("reshape_and_cache", **tensors)
-    checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, _dtype_code, block_strided=True)
+    checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, _dtype_code, block_strided=True,
+                                   cache_dtype_code=_cache_dtype_code)
     raise ValueError(f"reshape_and_cache does not support these arguments: {_describe(tensors)} "
                      "(see its docstring for the shapes, dtypes and strides it takes)")
 
@@ -129,7 +134,7 @@ def paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, 
         qshape, cshape, bshape = query.shape, key_cache.shape, block_tables.shape
         qstride, ostride = query.stride(), out.stride()
         q_code = CPU_DTYPE_CODES.get(query.dtype)
-        cache_code = CPU_DTYPE_CODES.get(key_cache.dtype)
+        cache_code = CPU_CACHE_DTYPE_CODES.get(key_cache.dtype)
         head_size = cshape[3]
         ok = (query.is_cpu and out.is_cpu and key_cache.is_cpu and value_cache.is_cpu and block_tables.is_cpu
               and seq_lens.is_cpu and query_start_loc.is_cpu
@@ -174,7 +179,7 @@ def _diagnose_paged_attention(out, query, key_cache, value_cache, block_tables, 
                    seq_lens=seq_lens, query_start_loc=query_start_loc)
     _check_cpu("paged_attention", **tensors)
     checks.check_cache_pair(key_cache, value_cache, block_strided=True)
-    _dtype_code(key_cache, "key_cache")
+    _cache_dtype_code(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
     checks.check_rows(query, "query", None, head_size)
     num_tokens, num_heads, _ = query.shape
@@ -224,7 +229,7 @@ def copy_blocks(kv_cache, block_mapping) -> None:
         return cuda.copy_blocks(kv_cache, block_mapping)
     _check_cpu("copy_blocks", kv_cache=kv_cache, block_mapping=block_mapping)
     checks.check_kv_cache(kv_cache, "kv_cache", block_major=True)
-    _dtype_code(kv_cache, "kv_cache")
+    _cache_dtype_code(kv_cache, "kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return
@@ -254,7 +259,7 @@ def swap_blocks(src_kv_cache, dst_kv_cache, block_mapping) -> None:
     _check_cpu("swap_blocks", src_kv_cache=src_kv_cache, dst_kv_cache=dst_kv_cache,
                block_mapping=block_mapping)
     checks.check_swap_caches(src_kv_cache, dst_kv_cache, block_major=True)
-    _dtype_code(src_kv_cache, "src_kv_cache")
+    _cache_dtype_code(src_kv_cache, "src_kv_cache")
     block_mapping = _check_block_mapping(block_mapping)
     if block_mapping.shape[0] == 0:
         return

@@ -104,11 +104,12 @@ def check_kv_cache(t: torch.Tensor, name: str, block_major: bool = False) -> Non
 
 
 def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, dtype_code,
-                            block_strided: bool = False) -> tuple[int, int, int]:
+                            block_strided: bool = False, cache_dtype_code=None) -> tuple[int, int, int]:
     """The arguments of reshape_and_cache (CPU or CUDA; dtype_code(t, name) is the backend's dtype
-    check; block_strided as in check_cache_pair). Returns (num_tokens, key's dtype code, cache's dtype code)."""
+    check, cache_dtype_code the cache's where it differs; block_strided as in check_cache_pair).
+    Returns (num_tokens, key's dtype code, cache's dtype code)."""
     check_cache_pair(key_cache, value_cache, block_strided)
-    cache_code = dtype_code(key_cache, "key_cache")
+    cache_code = (cache_dtype_code or dtype_code)(key_cache, "key_cache")
     num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
     check_rows(key, "key", num_kv_heads, head_size)
     check_rows(value, "value", num_kv_heads, head_size)

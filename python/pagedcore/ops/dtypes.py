@@ -7,6 +7,9 @@ import torch
 
 # cpp/kernels/kernel_types.h DType: the CPU kernels and the C++ decoder stack.
 CPU_DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1}
+# ...and what a CPU KV cache may hold besides: the fp8 formats of --kv-cache-dtype fp8_e4m3 / fp8_e5m2
+# (cpp/kernels/fp8.h; the CUDA kernels take none).
+CPU_CACHE_DTYPE_CODES: dict[torch.dtype, int] = {**CPU_DTYPE_CODES, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4}
 # cuda/cuda_types.h DType: the CPU codes plus fp16, which only the GPU kernels take.
 CUDA_DTYPE_CODES: dict[torch.dtype, int] = {**CPU_DTYPE_CODES, torch.float16: 2}
 
