@@ -105,3 +105,7 @@ def test_metrics_count_tokens_and_latencies(http_server, openai_client):
                  "time_per_output_token_seconds_count"):
         assert f"pagedcore:{name}" in text, name
     assert 'finished_reason="length"' in text
+    # The KV cache, committed on a thread from start-up (--kv-cache-commit background): all of it, in time.
+    target = metric(url, "pagedcore:kv_cache_commit_target_bytes")
+    assert target >= 16 * 2**20
+    assert wait_until(lambda: metric(url, "pagedcore:kv_cache_committed_bytes") == target, timeout=120)

@@ -155,6 +155,29 @@ def test_a_refused_request_fails_alone():
     assert run(main())[0].outputs[0].text == "t0 t1 "
 
 
+def test_metrics_follow_the_kv_cache_commit():
+    import torch
+
+    from pagedcore.engine import host_memory
+
+    metrics = ServerMetrics("m", lambda: None, max_model_len=128)
+
+    def gauges():
+        text = metrics.render().decode()
+        return [next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith(f'pagedcore:{name}{{model_name="m"}}'))
+                for name in ("kv_cache_committed_bytes", "kv_cache_commit_target_bytes")]
+    host_memory.commit_pages(torch.empty(2**20, dtype=torch.uint8))         # at least one commit to report
+    committed, target = gauges()
+    assert (committed, target) == host_memory.commit_totals()
+    buffer = torch.empty(8 * 2**20, dtype=torch.uint8)
+    commit = host_memory.commit_in_background(buffer, "metrics test")
+    if commit is None:
+        pytest.skip("no MADV_POPULATE_WRITE: commits run in the foreground")
+    assert commit.wait(60)
+    assert gauges() == [committed + commit.num_bytes, target + commit.num_bytes]
+
+
 def test_metrics_from_a_step_hook():
     async def main():
         fake = FakeEngine()

@@ -109,6 +109,9 @@ def commit_pages(tensor: torch.Tensor, huge_pages: bool = False) -> tuple[int, i
         # same result. The cache holds no data yet, so overwriting a byte per page is harmless.
         flat[::_PAGE_SIZE].zero_()
         flat[-1] = 0
+    with _tally_lock:
+        _tally[0] += num_bytes
+        _tally[1] += num_bytes
     return num_bytes, advised
 
 
@@ -132,7 +135,8 @@ class BackgroundCommit:
         self._tensor = weakref.ref(tensor)
         self._thread = threading.Thread(target=self._run, args=(begin, end, madvise),
                                         name="pagedcore-commit", daemon=True)
-        _running.add(self)
+        with _tally_lock:
+            _running.add(self)
         self._thread.start()
 
     def _run(self, begin: int, end: int, madvise) -> None:
@@ -154,8 +158,11 @@ class BackgroundCommit:
                 self.committed_bytes = at - begin
         finally:
             self.seconds = time.perf_counter() - t0
+            with _tally_lock:
+                _running.discard(self)
+                _tally[0] += self.committed_bytes
+                _tally[1] += self.num_bytes
             self._done.set()
-            _running.discard(self)
         if self.error is not None:
             logger.warning("%s: the background commit stopped after %.2f of %.2f GiB: madvise: %s (the rest "
                            "comes in as the engine first writes it)", self._what, self.committed_bytes / 2**30,
@@ -174,6 +181,17 @@ class BackgroundCommit:
 
 
 _running: set[BackgroundCommit] = set()
+_tally = [0, 0]                  # bytes committed, bytes asked to commit: commits finished in this process
+_tally_lock = threading.Lock()
+
+
+def commit_totals() -> tuple[int, int]:
+    """(bytes committed, bytes asked to commit) over every commit this process started, finished or
+    running: equal once the KV cache is resident; while a background commit runs (or after one failed)
+    the first lags. The /metrics gauges kv_cache_committed_bytes / kv_cache_commit_target_bytes."""
+    with _tally_lock:
+        running = list(_running)
+        return (_tally[0] + sum(c.committed_bytes for c in running), _tally[1] + sum(c.num_bytes for c in running))
 
 
 def _idle_priority() -> None:

@@ -7,7 +7,10 @@ Two sources, so that the HTTP thread never touches the engine:
   - token counters and latency histograms are fed on the engine thread by a step hook, from the
     step's outputs and their RequestMetrics;
   - structured output: the grammar cache's hit / miss counts are read at scrape time, and each compile's
-    time is observed by the thread that compiled (a front end's worker, or the engine's).
+    time is observed by the thread that compiled (a front end's worker, or the engine's);
+  - the KV cache's commit (engine/host_memory.py commit_totals), read at scrape time: bytes made resident
+    so far against bytes to commit, while `--kv-cache-commit background` brings the cache in (this
+    process's caches: not emitted where the model runs in worker processes, mp / Ray).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from pagedcore.engine import host_memory
 from pagedcore.outputs import RequestOutput
 from pagedcore.serving.async_engine import EngineSnapshot
 
@@ -79,6 +83,24 @@ class _SnapshotCollector:
             yield c
 
 
+class _KVCommitCollector:
+    """The KV cache's commit progress (not vLLM's: its CPU cache is committed before serving starts)."""
+
+    def __init__(self, model_name: str):
+        self.labels = [model_name]
+
+    def collect(self):
+        committed, target = host_memory.commit_totals()
+        if target == 0:      # the caches live in worker processes (mp / Ray) or none was committed
+            return
+        for name, doc, value in (
+                ("kv_cache_committed_bytes", "KV cache bytes made resident so far (--kv-cache-commit).", committed),
+                ("kv_cache_commit_target_bytes", "KV cache bytes to make resident.", target)):
+            g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
+            g.add_metric(self.labels, value)
+            yield g
+
+
 class _GrammarCacheCollector:
     """The grammar cache's hits and misses (GrammarCache counts them), read at scrape time."""
 
@@ -117,6 +139,7 @@ class ServerMetrics:
         disable_created_metrics()   # no *_created series: vLLM leaves them out too, they double the output
         self.registry = CollectorRegistry()
         self.registry.register(_SnapshotCollector(snapshot, model_name))
+        self.registry.register(_KVCommitCollector(model_name))
         labels = {"labelnames": ["model_name"], "registry": self.registry}
         tokens = _tokens_buckets(max_model_len)
 
