@@ -18,7 +18,8 @@
 // per chunk into a per-thread buffer for larger tiles (prefill); fp32 blocks are read in place; fp8
 // blocks (fp8.h, vLLM's --kv-cache-dtype fp8*) are always widened into the buffers, a plane at a time.
 // A bf16 cache (either query dtype) on a CPU with pair dot products (AVX512-BF16, or its emulation)
-// takes the tiles of attention_dot_tiles.h instead: bf16 operands as stored, no widening.
+// takes the tiles of attention_dot_tiles.h instead: bf16 operands as stored, no widening; an fp8 cache
+// there too, each plane widened to bf16 (exactly) into the staging buffers first.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including attention_impl.h"
 #endif
@@ -71,7 +72,11 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   // An fp32 query over a bf16 cache (quantized models' activations) is rounded to bf16 for the
   // scores, as llama.cpp rounds it to its cache's type.
   // An fp8 cache takes them too: each plane is widened to bf16 (exactly) into the staging buffers first.
-  const bool dot = kDotIsa && (p.cache_dtype == DType::kBFloat16 || is_fp8(p.cache_dtype)) && D % 32 == 0;
+  // (No kernel_types.h helpers here, is_fp8 / dtype_size: an inline function called from this unit may be
+  // emitted with its AVX flags and kept by the linker for every caller; check_isa_symbols.sh.)
+  const bool bf16_cache = p.cache_dtype == DType::kBFloat16;
+  const bool fp8_cache = p.cache_dtype == DType::kFloat8E4M3 || p.cache_dtype == DType::kFloat8E5M2;
+  const bool dot = kDotIsa && (bf16_cache || fp8_cache) && D % 32 == 0;
   uint16_t* Qb = reinterpret_cast<uint16_t*>(scratch + layout.qb);  // [M, D] bf16 query rows, unscaled
   uint16_t* Pb = reinterpret_cast<uint16_t*>(scratch + layout.pb);  // [M, s_stride] bf16 probabilities
 
@@ -95,8 +100,6 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
   for (int64_t i = 0; i < M * D; i += W) V::store(acc + i, V::zero());
 
   const int32_t* block_table = p.block_tables + item.seq * p.max_blocks_per_seq;
-  const bool bf16_cache = p.cache_dtype == DType::kBFloat16;
-  const bool fp8_cache = is_fp8(p.cache_dtype);
   const bool e4m3 = p.cache_dtype == DType::kFloat8E4M3;
   // Elements of one [block_size, head_size] plane (one block, one kv head).
   const int64_t plane = BS * D;
@@ -118,7 +121,7 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
     // Few rows (decode): widen bf16 inside the loops, each element is used by at most 4 rows.
     // Many rows (prefill tiles): widen each block once into the staging buffers.
     const bool stage = ((bf16_cache && M - m0 > 4) || fp8_cache) && !dot;
-    const int64_t elem = dtype_size(p.cache_dtype);
+    const int64_t elem = bf16_cache ? 2 : fp8_cache ? 1 : 4;
     // Plane offset (elements) of the block holding chunk column `col` of the next chunk, or -1.
     auto next_plane = [&](int64_t col) -> int64_t {
       const int64_t pos = chunk_start + chunk_keys + col;
