@@ -54,6 +54,26 @@ void bind_cpu_config(py::module_& m) {
       },
       py::arg("name"));
   m.def("kernel_max_threads", &kernels::max_threads, "Threads a CPU kernel call may use.");
+  m.def(
+      "decode_threading",
+      []() {
+        const kernels::DecodeThreading t = kernels::decode_threading();
+        return std::string(t == kernels::DecodeThreading::kPool     ? "pool"
+                           : t == kernels::DecodeThreading::kOpenMP ? "openmp"
+                                                                    : "inherit");
+      },
+      "The threading of the one-call decode (GreedyDecoder.run / run_steps): inherit (the kernels'), pool or "
+      "openmp.");
+  m.def(
+      "set_decode_threading",
+      [](const std::string& name) {
+        if (name != "inherit" && name != "openmp" && name != "pool")
+          throw py::value_error("use 'inherit', 'openmp' or 'pool'");
+        kernels::set_decode_threading(name == "pool"     ? kernels::DecodeThreading::kPool
+                                      : name == "openmp" ? kernels::DecodeThreading::kOpenMP
+                                                         : kernels::DecodeThreading::kInherit);
+      },
+      py::arg("name"));
 }
 
 }  // namespace bindings

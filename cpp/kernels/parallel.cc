@@ -59,9 +59,11 @@ class ThreadPool {
   }
   int num_threads() const { return num_threads_; }
 
-  void run(int num_tasks, TaskFn fn, void* ctx) {
+  // Up to max_threads threads (the caller and max_threads - 1 workers) take the tasks.
+  void run(int num_tasks, TaskFn fn, void* ctx, int max_threads) {
     std::lock_guard<std::mutex> call_lock(call_mu_);  // one job at a time (two Python threads)
-    int helpers = num_tasks - 1 < num_threads_ - 1 ? num_tasks - 1 : num_threads_ - 1;
+    const int threads = max_threads < num_threads_ ? (max_threads < 1 ? 1 : max_threads) : num_threads_;
+    int helpers = num_tasks - 1 < threads - 1 ? num_tasks - 1 : threads - 1;
     fn_ = fn;
     ctx_ = ctx;
     num_tasks_ = num_tasks;
@@ -197,9 +199,42 @@ void set_active_threading(Threading threading) {
 
 int max_threads() {
 #ifdef PAGEDCORE_KERNELS_OPENMP
-  if (active_threading() == Threading::kOpenMP) return omp_get_max_threads();
-#endif
+  const int omp_threads = omp_get_max_threads();
+  if (active_threading() == Threading::kOpenMP) return omp_threads;
+  return omp_threads < pool().num_threads() ? omp_threads : pool().num_threads();
+#else
   return pool().num_threads();
+#endif
+}
+
+namespace {
+
+DecodeThreading initial_decode_threading() {
+  const char* env = std::getenv("PAGEDCORE_DECODE_THREADING");
+  if (env && std::strcmp(env, "pool") == 0) return DecodeThreading::kPool;
+  if (env && std::strcmp(env, "openmp") == 0) return DecodeThreading::kOpenMP;
+  return DecodeThreading::kInherit;
+}
+
+std::atomic<int>& decode_threading_slot() {
+  static std::atomic<int> slot{static_cast<int>(initial_decode_threading())};
+  return slot;
+}
+
+}  // namespace
+
+DecodeThreading decode_threading() { return static_cast<DecodeThreading>(decode_threading_slot().load()); }
+
+void set_decode_threading(DecodeThreading threading) { decode_threading_slot().store(static_cast<int>(threading)); }
+
+ThreadingScope::ThreadingScope(DecodeThreading threading) : saved_(active_threading()) {
+  if (threading == DecodeThreading::kInherit) return;
+  set_active_threading(threading == DecodeThreading::kPool ? Threading::kPool : Threading::kOpenMP);
+  changed_ = active_threading() != saved_;
+}
+
+ThreadingScope::~ThreadingScope() {
+  if (changed_) set_active_threading(saved_);
 }
 
 void parallel_for_raw(int num_tasks, TaskFn fn, void* ctx) {
@@ -229,7 +264,7 @@ void parallel_for_raw(int num_tasks, TaskFn fn, void* ctx) {
     return;
   }
 #endif
-  pool().run(num_tasks, fn, ctx);
+  pool().run(num_tasks, fn, ctx, max_threads());
 }
 
 }  // namespace kernels

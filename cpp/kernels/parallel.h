@@ -23,9 +23,30 @@ Threading active_threading();
 void set_active_threading(Threading threading);  // falls back to kPool without OpenMP
 bool openmp_available();
 
-// Threads a parallel_for may use (OpenMP: omp_get_max_threads(), which follows
-// torch.set_num_threads on the calling thread; pool: the CPUs this process may run on).
+// Threads a parallel_for may use: omp_get_max_threads(), which follows torch.set_num_threads on the
+// calling thread (the pool too, capped at the CPUs this process may run on; without OpenMP, those CPUs).
 int max_threads();
+
+// The threading the one-call decode (greedy_decode.h run / run_steps) runs under: kInherit keeps the
+// active one; kPool / kOpenMP switch to it for the call. A token's ~150 fork/joins cost 0.16 us each on
+// the pool against 0.45-1.6 us under OpenMP (Zen 5 VM), while torch's OpenMP team has nothing to run
+// inside the call (docs/performance.md). PAGEDCORE_DECODE_THREADING=inherit|pool|openmp, read at first use.
+enum class DecodeThreading { kInherit = 0, kOpenMP = 1, kPool = 2 };
+DecodeThreading decode_threading();
+void set_decode_threading(DecodeThreading threading);
+
+// Sets the active threading for a scope and restores it after (kInherit: no change).
+class ThreadingScope {
+ public:
+  explicit ThreadingScope(DecodeThreading threading);
+  ~ThreadingScope();
+  ThreadingScope(const ThreadingScope&) = delete;
+  ThreadingScope& operator=(const ThreadingScope&) = delete;
+
+ private:
+  Threading saved_;
+  bool changed_ = false;
+};
 
 using TaskFn = void (*)(void* ctx, int task, int thread);
 // Runs fn(ctx, task, thread) for every task in [0, num_tasks) on up to max_threads() threads,

@@ -18,6 +18,7 @@
 #include "kernels/embedding_rows.h"
 #include "kernels/greedy_decode.h"
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 #include "kernels/sample_rows.h"
 
 using namespace pagedcore::kernels;
@@ -91,6 +92,32 @@ TEST(greedy_decoder_equals_the_kernels_one_by_one) {
   CHECK(run(m, chunk, cache_a, {}).empty());
   reference_logits(m, chunk, cache_b, {});
   CHECK(cache_a == cache_b);
+}
+
+TEST(decode_threading_changes_threads_not_tokens) {
+  TinyModel m;
+  const Threading before = active_threading();
+  std::vector<std::vector<int64_t>> tokens;
+  std::vector<std::vector<float>> caches;
+  for (DecodeThreading t : {DecodeThreading::kInherit, DecodeThreading::kPool, DecodeThreading::kOpenMP}) {
+    set_decode_threading(t);
+    std::vector<float> cache = empty_cache();
+    std::vector<int64_t> got = run(m, Step({{0, 3}, {0, 5}}, 11), cache, {2, 7});
+    const std::vector<int64_t> next = run(m, Step({{3, 1}, {5, 1}}, 4), cache, {0, 1});
+    got.insert(got.end(), next.begin(), next.end());
+    tokens.push_back(got);
+    caches.push_back(cache);
+    CHECK(active_threading() == before);  // the scope restored the kernels' threading
+  }
+  set_decode_threading(DecodeThreading::kInherit);
+  CHECK(tokens[1] == tokens[0] && tokens[2] == tokens[0]);
+  CHECK(caches[1] == caches[0] && caches[2] == caches[0]);
+  {
+    const ThreadingScope scope(DecodeThreading::kPool);
+    CHECK(active_threading() == Threading::kPool);
+    CHECK(max_threads() >= 1);
+  }
+  CHECK(active_threading() == before);
 }
 
 TEST(greedy_decoder_samples_as_sample_rows_does) {

@@ -141,3 +141,37 @@ def test_shrinking_reaches_torch_and_our_kernels_on_the_stepping_thread():
         assert torch.get_num_threads() == before and _core.kernel_max_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_kernels_pool_follows_torch_threads_too():
+    """--num-threads and the thread team reach the kernels' pool (PAGEDCORE_KERNEL_THREADING=pool, or the
+    one-call decode under PAGEDCORE_DECODE_THREADING=pool), not only OpenMP."""
+    import torch
+
+    from pagedcore import _core
+
+    before, threading = torch.get_num_threads(), _core.kernel_threading()
+    if before < 2:
+        pytest.skip("needs 2+ threads")
+    try:
+        _core.set_kernel_threading("pool")
+        assert _core.kernel_max_threads() == before
+        torch.set_num_threads(1)
+        assert _core.kernel_max_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        _core.set_kernel_threading(threading)
+
+
+def test_decode_threading_is_a_switch_with_three_positions():
+    from pagedcore import _core
+
+    saved = _core.decode_threading()
+    try:
+        for name in ("pool", "openmp", "inherit"):
+            _core.set_decode_threading(name)
+            assert _core.decode_threading() == name
+        with pytest.raises(ValueError, match="'inherit', 'openmp' or 'pool'"):
+            _core.set_decode_threading("fibers")
+    finally:
+        _core.set_decode_threading(saved)
