@@ -60,17 +60,19 @@ void bind_cpu_config(py::module_& m) {
         const kernels::DecodeThreading t = kernels::decode_threading();
         return std::string(t == kernels::DecodeThreading::kPool     ? "pool"
                            : t == kernels::DecodeThreading::kOpenMP ? "openmp"
+                           : t == kernels::DecodeThreading::kAuto   ? "auto"
                                                                     : "inherit");
       },
-      "The threading of the one-call decode (GreedyDecoder.run / run_steps): inherit (the kernels'), pool or "
-      "openmp.");
+      "The threading of the one-call decode (GreedyDecoder.run / run_steps): auto (the pool for forwards of a "
+      "few tokens, else the kernels'), inherit (the kernels'), pool or openmp.");
   m.def(
       "set_decode_threading",
       [](const std::string& name) {
-        if (name != "inherit" && name != "openmp" && name != "pool")
-          throw py::value_error("use 'inherit', 'openmp' or 'pool'");
+        if (name != "auto" && name != "inherit" && name != "openmp" && name != "pool")
+          throw py::value_error("use 'auto', 'inherit', 'openmp' or 'pool'");
         kernels::set_decode_threading(name == "pool"     ? kernels::DecodeThreading::kPool
                                       : name == "openmp" ? kernels::DecodeThreading::kOpenMP
+                                      : name == "auto"   ? kernels::DecodeThreading::kAuto
                                                          : kernels::DecodeThreading::kInherit);
       },
       py::arg("name"));

@@ -29,7 +29,7 @@ Status GreedyDecoder::run(DecoderStack& stack, const DecoderStackParams& step, c
                           const int64_t* positions, const int64_t* logits_indices, int64_t num_rows,
                           int64_t* tokens, const SampleRowsParams* sampling, const LogitEditsParams* edits,
                           const int64_t* raw_rows, int64_t num_raw, float* raw_out) {
-  const ThreadingScope threading(decode_threading());  // parallel.h: the pool's cheaper fork/joins, if chosen
+  const ThreadingScope threading(decode_threading(), step.num_tokens);  // parallel.h: the pool's cheaper fork/joins
   const int64_t T = step.num_tokens, E = stack.sizes.hidden_size, D = stack.sizes.head_dim;
   const DType dtype = stack.sizes.dtype;
   const int64_t es = dtype_size(dtype);
@@ -158,7 +158,7 @@ Status GreedyDecoder::run_steps(DecoderStack& stack, const DecoderStackParams& s
                                 const int64_t* positions, int64_t* tokens, const SampleRowsParams* sampling,
                                 const LogitEditsParams* edits, const int32_t* ban_steps, const uint8_t* raw_seqs,
                                 float* raw_out) {
-  const ThreadingScope threading(decode_threading());
+  const ThreadingScope threading(decode_threading(), step.num_seqs);  // each forward: a token a sequence
   const int64_t T = step.num_tokens, S = step.num_seqs, B = step.max_blocks_per_seq;
   if (T <= 0 || S <= 0)
     return Status::invalid("greedy_decode: run_steps of " + str(T) + " tokens, " + str(S) + " sequences");

@@ -213,7 +213,8 @@ DecodeThreading initial_decode_threading() {
   const char* env = std::getenv("PAGEDCORE_DECODE_THREADING");
   if (env && std::strcmp(env, "pool") == 0) return DecodeThreading::kPool;
   if (env && std::strcmp(env, "openmp") == 0) return DecodeThreading::kOpenMP;
-  return DecodeThreading::kInherit;
+  if (env && std::strcmp(env, "inherit") == 0) return DecodeThreading::kInherit;
+  return DecodeThreading::kAuto;
 }
 
 std::atomic<int>& decode_threading_slot() {
@@ -227,7 +228,10 @@ DecodeThreading decode_threading() { return static_cast<DecodeThreading>(decode_
 
 void set_decode_threading(DecodeThreading threading) { decode_threading_slot().store(static_cast<int>(threading)); }
 
-ThreadingScope::ThreadingScope(DecodeThreading threading) : saved_(active_threading()) {
+ThreadingScope::ThreadingScope(DecodeThreading threading, int64_t tokens_per_forward)
+    : saved_(active_threading()) {
+  if (threading == DecodeThreading::kAuto)
+    threading = tokens_per_forward <= kAutoPoolMaxTokens ? DecodeThreading::kPool : DecodeThreading::kInherit;
   if (threading == DecodeThreading::kInherit) return;
   set_active_threading(threading == DecodeThreading::kPool ? Threading::kPool : Threading::kOpenMP);
   changed_ = active_threading() != saved_;

@@ -10,6 +10,7 @@
 // PAGEDCORE_KERNEL_THREADING=pool|openmp overrides the choice.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 namespace pagedcore {
@@ -28,17 +29,22 @@ bool openmp_available();
 int max_threads();
 
 // The threading the one-call decode (greedy_decode.h run / run_steps) runs under: kInherit keeps the
-// active one; kPool / kOpenMP switch to it for the call. A token's ~150 fork/joins cost 0.16 us each on
-// the pool against 0.45-1.6 us under OpenMP (Zen 5 VM), while torch's OpenMP team has nothing to run
-// inside the call (docs/performance.md). PAGEDCORE_DECODE_THREADING=inherit|pool|openmp, read at first use.
-enum class DecodeThreading { kInherit = 0, kOpenMP = 1, kPool = 2 };
+// active one; kPool / kOpenMP switch to it for the call; kAuto (the default) takes the pool for forwards
+// of at most kAutoPoolMaxTokens tokens (single-stream and small batches) and keeps the active threading
+// for larger ones. A token's ~150 fork/joins cost 0.16 us each on the pool against 0.45-1.6 us under
+// OpenMP (Zen 5 VM), while torch's OpenMP team has nothing to run inside the call: single-stream decode
+// ran 3-6% faster on the pool, the fixed workload the same either way (docs/performance.md).
+// PAGEDCORE_DECODE_THREADING=auto|inherit|pool|openmp, read at first use.
+enum class DecodeThreading { kInherit = 0, kOpenMP = 1, kPool = 2, kAuto = 3 };
+constexpr int64_t kAutoPoolMaxTokens = 8;
 DecodeThreading decode_threading();
 void set_decode_threading(DecodeThreading threading);
 
-// Sets the active threading for a scope and restores it after (kInherit: no change).
+// Sets the active threading for a scope and restores it after (kInherit: no change; kAuto: the pool for a
+// forward of at most kAutoPoolMaxTokens tokens, else no change).
 class ThreadingScope {
  public:
-  explicit ThreadingScope(DecodeThreading threading);
+  ThreadingScope(DecodeThreading threading, int64_t tokens_per_forward);
   ~ThreadingScope();
   ThreadingScope(const ThreadingScope&) = delete;
   ThreadingScope& operator=(const ThreadingScope&) = delete;

@@ -99,7 +99,9 @@ TEST(decode_threading_changes_threads_not_tokens) {
   const Threading before = active_threading();
   std::vector<std::vector<int64_t>> tokens;
   std::vector<std::vector<float>> caches;
-  for (DecodeThreading t : {DecodeThreading::kInherit, DecodeThreading::kPool, DecodeThreading::kOpenMP}) {
+  const DecodeThreading saved = decode_threading();
+  for (DecodeThreading t : {DecodeThreading::kInherit, DecodeThreading::kPool, DecodeThreading::kOpenMP,
+                            DecodeThreading::kAuto}) {
     set_decode_threading(t);
     std::vector<float> cache = empty_cache();
     std::vector<int64_t> got = run(m, Step({{0, 3}, {0, 5}}, 11), cache, {2, 7});
@@ -109,13 +111,21 @@ TEST(decode_threading_changes_threads_not_tokens) {
     caches.push_back(cache);
     CHECK(active_threading() == before);  // the scope restored the kernels' threading
   }
-  set_decode_threading(DecodeThreading::kInherit);
-  CHECK(tokens[1] == tokens[0] && tokens[2] == tokens[0]);
-  CHECK(caches[1] == caches[0] && caches[2] == caches[0]);
+  set_decode_threading(saved);
+  for (size_t i = 1; i < tokens.size(); ++i) CHECK(tokens[i] == tokens[0] && caches[i] == caches[0]);
   {
-    const ThreadingScope scope(DecodeThreading::kPool);
+    const ThreadingScope scope(DecodeThreading::kPool, 1000);
     CHECK(active_threading() == Threading::kPool);
     CHECK(max_threads() >= 1);
+  }
+  CHECK(active_threading() == before);
+  {
+    const ThreadingScope small(DecodeThreading::kAuto, kAutoPoolMaxTokens);
+    CHECK(active_threading() == Threading::kPool);
+  }
+  {
+    const ThreadingScope large(DecodeThreading::kAuto, kAutoPoolMaxTokens + 1);
+    CHECK(active_threading() == before);
   }
   CHECK(active_threading() == before);
 }

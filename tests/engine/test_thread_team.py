@@ -163,15 +163,15 @@ def test_the_kernels_pool_follows_torch_threads_too():
         _core.set_kernel_threading(threading)
 
 
-def test_decode_threading_is_a_switch_with_three_positions():
+def test_decode_threading_is_a_switch_with_four_positions():
     from pagedcore import _core
 
     saved = _core.decode_threading()
     try:
-        for name in ("pool", "openmp", "inherit"):
+        for name in ("pool", "openmp", "inherit", "auto"):
             _core.set_decode_threading(name)
             assert _core.decode_threading() == name
-        with pytest.raises(ValueError, match="'inherit', 'openmp' or 'pool'"):
+        with pytest.raises(ValueError, match="'auto', 'inherit', 'openmp' or 'pool'"):
             _core.set_decode_threading("fibers")
     finally:
         _core.set_decode_threading(saved)
