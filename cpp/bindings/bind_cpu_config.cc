@@ -63,8 +63,8 @@ void bind_cpu_config(py::module_& m) {
                            : t == kernels::DecodeThreading::kAuto   ? "auto"
                                                                     : "inherit");
       },
-      "The threading of the one-call decode (GreedyDecoder.run / run_steps): auto (the pool for forwards of a "
-      "few tokens, else the kernels'), inherit (the kernels'), pool or openmp.");
+      "The threading of the one-call decode (GreedyDecoder.run / run_steps): inherit (the kernels', the "
+      "default), auto (the pool for forwards of a few tokens, else the kernels'), pool or openmp.");
   m.def(
       "set_decode_threading",
       [](const std::string& name) {

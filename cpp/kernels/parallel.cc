@@ -213,8 +213,8 @@ DecodeThreading initial_decode_threading() {
   const char* env = std::getenv("PAGEDCORE_DECODE_THREADING");
   if (env && std::strcmp(env, "pool") == 0) return DecodeThreading::kPool;
   if (env && std::strcmp(env, "openmp") == 0) return DecodeThreading::kOpenMP;
-  if (env && std::strcmp(env, "inherit") == 0) return DecodeThreading::kInherit;
-  return DecodeThreading::kAuto;
+  if (env && std::strcmp(env, "auto") == 0) return DecodeThreading::kAuto;
+  return DecodeThreading::kInherit;
 }
 
 std::atomic<int>& decode_threading_slot() {

@@ -28,13 +28,13 @@ bool openmp_available();
 // calling thread (the pool too, capped at the CPUs this process may run on; without OpenMP, those CPUs).
 int max_threads();
 
-// The threading the one-call decode (greedy_decode.h run / run_steps) runs under: kInherit keeps the
-// active one; kPool / kOpenMP switch to it for the call; kAuto (the default) takes the pool for forwards
-// of at most kAutoPoolMaxTokens tokens (single-stream and small batches) and keeps the active threading
-// for larger ones. A token's ~150 fork/joins cost 0.16 us each on the pool against 0.45-1.6 us under
-// OpenMP (Zen 5 VM), while torch's OpenMP team has nothing to run inside the call: single-stream decode
-// ran 3-6% faster on the pool, the fixed workload the same either way (docs/performance.md).
-// PAGEDCORE_DECODE_THREADING=auto|inherit|pool|openmp, read at first use.
+// The threading the one-call decode (greedy_decode.h run / run_steps) runs under: kInherit (the default)
+// keeps the active one; kPool / kOpenMP switch to it for the call; kAuto takes the pool for forwards of at
+// most kAutoPoolMaxTokens tokens (single-stream, small batches) and keeps the active threading for larger
+// ones. A token's ~150 fork/joins cost 0.16 us each on the pool against 0.45-1.6 us under OpenMP (Zen 5
+// VM), but switching per call did not pay: single-stream decode alternated in one process (2026-12-04)
+// ran auto 2.610 / pool-for-everything 2.492 / inherit 2.572 ms a token, and auto lost in two of three
+// other runs (docs/performance.md). PAGEDCORE_DECODE_THREADING=inherit|auto|pool|openmp, read at first use.
 enum class DecodeThreading { kInherit = 0, kOpenMP = 1, kPool = 2, kAuto = 3 };
 constexpr int64_t kAutoPoolMaxTokens = 8;
 DecodeThreading decode_threading();
