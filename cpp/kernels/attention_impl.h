@@ -163,7 +163,8 @@ void attention_item(const PagedAttentionParams& p, const AttentionWorkItem& item
           widen_rows<kD>(static_cast<const uint16_t*>(p.key_cache) + base, Kb, n, D);
           widen_rows<kD>(static_cast<const uint16_t*>(p.value_cache) + base, Vst + col * D, n, D);
         }
-        for_row_tiles<4>(m0, M, [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, nullptr); });
+        for_row_tiles<4>(m0, M,
+                         [&](int64_t m, int mr) { qk_dispatch(mr, Qs, Kb, S, m, n, D, s_stride, col, nullptr); });
       } else if (!bf16_cache) {
         const float* Kb = static_cast<const float*>(p.key_cache) + base;
         for_row_tiles<4>(m0, M, [&](int64_t m, int mr) {

@@ -154,6 +154,7 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   return worst;
 }
 
-inline const std::vector<std::pair<int, int>> kMixed = {{37, 1}, {0, 21}, {100, 1}, {5, 40}, {16, 16}, {250, 1}, {70, 33}};
+inline const std::vector<std::pair<int, int>> kMixed = {{37, 1},  {0, 21},  {100, 1}, {5, 40},
+                                                         {16, 16}, {250, 1}, {70, 33}};
 
 }  // namespace pagedcore_test

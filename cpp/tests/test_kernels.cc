@@ -32,7 +32,8 @@ void check_all_isas(const Batch& b) {
     if (!isa_supported(isa)) continue;
     for (bool bf16_cache : {false, true}) {
       std::vector<float> out(b.query.size(), std::numeric_limits<float>::quiet_NaN());
-      const Status st = paged_attention(params_for(b, bf16_cache ? DType::kBFloat16 : DType::kFloat32, out.data(), scale), isa);
+      const DType cache_dtype = bf16_cache ? DType::kBFloat16 : DType::kFloat32;
+      const Status st = paged_attention(params_for(b, cache_dtype, out.data(), scale), isa);
       CHECK(st.is_ok());
       const float err = max_abs_diff(out, want);
       // The pair-dot tiles (attention_dot_tiles.h) round the fp32 query and the probabilities to

@@ -8,10 +8,12 @@ That is the tensor's shape everywhere. In memory a GPU cache (and a pinned swap 
 that order ("layer-major"); an unpinned CPU cache is block-major, [num_blocks, num_layers, 2, num_kv_heads,
 block_size, head_dim] permuted to the shape above, so one block's K and V of every layer lie together
 (block_bytes apart; the kernels take the block stride). Why: decode attention reads each sequence's
-blocks once a layer, scattered over the cache; on the Zen 5 VM a scattered 2 KB plane cost ~300 ns,
-per page rather than per byte, and with all layers of a block in one 368 KB run (default model, bf16)
-the page walks of layer 1..29 find what layer 0's loaded (bench/micro/kv_layout_reads.cc: a token's
-K/V 978-986 us against 1353-1403 layer-major). PAGEDCORE_KV_LAYOUT=layer_major keeps the old layout.
+blocks once a layer, and where they are scattered over the cache (a long-running server's free list)
+each 2 KB plane costs a page walk; with all layers of a block in one 368 KB run (default model, bf16)
+layers 1..29 find the page-table lines layer 0 loaded (bench/micro/kv_layout_reads.cc: a token's K/V
+978-986 us against 1353-1403 layer-major). In the engine (Zen 5 VM, bench/bench_kv_layout.py): 1.02-1.09x
+with the free list shuffled, the same with a fresh engine's ascending block ids. PAGEDCORE_KV_LAYOUT=
+layer_major keeps the old layout.
 """
 
 from __future__ import annotations

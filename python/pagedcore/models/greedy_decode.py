@@ -156,8 +156,8 @@ class GreedyDecode:
         if self.stack.lora_batch is not None:
             raise ValueError("GreedyDecode.run_steps: multi-step does not run an engine with LoRA enabled "
                              "(its steps take the single-step call)")
-        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_CACHE_DTYPE_CODES[kv_cache.dtype],
-                kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
+        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(),
+                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_seq_len)
         edit_args = {"kv_strides": kv_strides}
         if edits is not None:
@@ -181,8 +181,8 @@ class GreedyDecode:
         bias and min_tokens bans, applied to the logits first; raw: rows whose logits are copied into
         raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
         kv_strides = self._check_cache(kv_cache)
-        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(), CPU_CACHE_DTYPE_CODES[kv_cache.dtype],
-                kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
+        args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(),
+                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
                 step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
         raw_args = {"kv_strides": kv_strides}
         if raw is not None:
