@@ -76,15 +76,15 @@ def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1).view(torch.uint8)
 
 
-def _whole_pages(tensor: torch.Tensor) -> tuple[int, int, int]:
-    """-> (bytes, first whole page's address, address past the last whole page) of a contiguous tensor
-    or a permuted view of one."""
-    _flat_bytes(tensor)
-    num_bytes = tensor.numel() * tensor.element_size()
-    start = tensor.data_ptr()
+def _whole_pages(tensor: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """-> (its bytes as _flat_bytes gives them, first whole page's address, address past the last whole
+    page) of a contiguous tensor or a permuted view of one."""
+    flat = _flat_bytes(tensor)
+    num_bytes = flat.numel()
+    start = flat.data_ptr()
     begin = (start + _PAGE_SIZE - 1) // _PAGE_SIZE * _PAGE_SIZE      # first whole page
     end = (start + num_bytes) // _PAGE_SIZE * _PAGE_SIZE              # past the last whole page
-    return num_bytes, begin, end
+    return flat, begin, end
 
 
 def commit_pages(tensor: torch.Tensor, huge_pages: bool = False) -> tuple[int, int]:
@@ -96,10 +96,10 @@ def commit_pages(tensor: torch.Tensor, huge_pages: bool = False) -> tuple[int, i
     Returns (bytes committed, bytes advised onto huge pages)."""
     if not tensor.is_cpu or tensor.numel() == 0:
         return 0, 0
-    num_bytes, begin, end = _whole_pages(tensor)
-    advised = _core.advise_huge_pages(tensor.data_ptr(), num_bytes) if huge_pages else 0
+    flat, begin, end = _whole_pages(tensor)                           # flat: uint8 [num_bytes]
+    num_bytes = flat.numel()
+    advised = _core.advise_huge_pages(flat.data_ptr(), num_bytes) if huge_pages else 0
     madvise = _madvise()
-    flat = _flat_bytes(tensor)                                        # [num_bytes]
     # One call over the whole range: split into chunks on threads it ran 5-50x slower with huge pages.
     if madvise is not None and end > begin and madvise(begin, end - begin, _MADV_POPULATE_WRITE) == 0:
         flat[0] = 0                                                   # the partial pages at each end
@@ -209,22 +209,21 @@ def commit_in_background(tensor: torch.Tensor, what: str = "KV cache") -> Backgr
     the engine's own writes; the caller commits in the foreground (commit_pages) instead."""
     if not tensor.is_cpu or tensor.numel() == 0:
         return None
-    num_bytes, begin, end = _whole_pages(tensor)
+    flat, begin, end = _whole_pages(tensor)                           # flat: uint8 [num_bytes]
     madvise = _madvise()
     if madvise is None or end <= begin or madvise(begin, min(_PAGE_SIZE, end - begin), _MADV_POPULATE_WRITE) != 0:
         return None
-    flat = _flat_bytes(tensor)                                        # [num_bytes]
     flat[0] = 0                                                       # the partial pages at each end, now,
     flat[-1] = 0                                                      # before any kernel writes the tensor
     return BackgroundCommit(tensor, begin, end, madvise, what)
 
 
 def resident_fraction(tensor: torch.Tensor) -> float:
-    """Share of a contiguous CPU tensor's whole pages that are resident now (mincore): its own pages,
+    """Share of a CPU tensor's whole pages (contiguous, or a permuted view) resident now (mincore): its own pages,
     whatever the rest of the process allocates or frees meanwhile, which a difference of the process's
     RSS is not (tests; in a full run the garbage collector freed another test's memory between two
     readings of RSS)."""
-    num_bytes, begin, end = _whole_pages(tensor)
+    _, begin, end = _whole_pages(tensor)
     pages = (end - begin) // _PAGE_SIZE
     if pages <= 0:
         return 1.0

@@ -10,8 +10,8 @@ block_size, head_dim] permuted to the shape above, so one block's K and V of eve
 (block_bytes apart; the kernels take the block stride). Why: decode attention reads each sequence's
 blocks once a layer, and where they are scattered over the cache (a long-running server's free list)
 each 2 KB plane costs a page walk; with all layers of a block in one 368 KB run (default model, bf16)
-layers 1..29 find the page-table lines layer 0 loaded (bench/micro/kv_layout_reads.cc: a token's K/V
-978-986 us against 1353-1403 layer-major). In the engine (Zen 5 VM, bench/bench_kv_layout.py): 1.02-1.09x
+layers 1..29 presumably find the page-table lines layer 0 loaded (bench/micro/kv_layout_reads.cc: a token's K/V
+978-986 us against 1353-1403 layer-major). In the engine (Zen 5 VM, bench/bench_kv_layout.py): 1.01-1.09x
 with the free list shuffled, the same with a fresh engine's ascending block ids. PAGEDCORE_KV_LAYOUT=
 layer_major keeps the old layout.
 """
