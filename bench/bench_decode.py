@@ -312,8 +312,9 @@ def main(argv=None) -> int:
         model = loaded.model
         wb = weight_bytes_per_token(model)
         floor = best_bw * 1e9 / wb["total"]
-        entry = {"weight_bytes": wb, "floor_tok_per_s": floor, "floor_ms": 1e3 / floor}
-        print(f"\n== {dtype}: {wb['total'] / 1e6:.1f} MB of weights per decode token "
+        entry = {"weight_bytes": wb, "floor_tok_per_s": floor, "floor_ms": 1e3 / floor,
+                 "kernel_threading": _core_threading()}
+        print(f"\n== {dtype} (kernels on {entry['kernel_threading']}): {wb['total'] / 1e6:.1f} MB of weights per decode token "
               f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
         if args.same_bytes_floor:
@@ -377,6 +378,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0
+
+
+def _core_threading() -> str:
+    from pagedcore import _core
+    return _core.kernel_threading()
 
 
 def _uptime() -> str:

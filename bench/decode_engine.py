@@ -148,12 +148,17 @@ def _greedy_params(output_len: int):
 
 def load_format(name: str):
     """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
-    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8)."""
+    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8). The kernels' threading is set for
+    it as an engine would (ops/kernel_threading.py), so the model-level sections run as the engine does."""
     from pagedcore.loader import load_model
     from pagedcore.loader.requantize import load_requantized
+    from pagedcore.ops import kernel_threading
 
     if name in ("q8_0", "q4_0", "q4_1"):
-        return load_requantized(None, name)
-    if name == "int8_per_channel":
-        return load_model(dtype="auto", load_tokenizer=False, quantization=name)
-    return load_model(dtype=name, load_tokenizer=False)
+        loaded = load_requantized(None, name)
+    elif name == "int8_per_channel":
+        loaded = load_model(dtype="auto", load_tokenizer=False, quantization=name)
+    else:
+        loaded = load_model(dtype=name, load_tokenizer=False)
+    kernel_threading.apply_for_model(loaded.model)
+    return loaded

@@ -22,6 +22,11 @@ namespace pagedcore {
 namespace kernels {
 namespace {
 
+// True on a thread while it runs a pool job's tasks: a parallel_for from inside a task runs its tasks
+// inline (the pool takes one job at a time; waiting for it there would deadlock), as OpenMP's path does
+// under omp_in_parallel().
+thread_local bool t_in_job = false;
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -62,6 +67,7 @@ class ThreadPool {
   // Up to max_threads threads (the caller and max_threads - 1 workers) take the tasks.
   void run(int num_tasks, TaskFn fn, void* ctx, int max_threads) {
     std::lock_guard<std::mutex> call_lock(call_mu_);  // one job at a time (two Python threads)
+    InJob in_job;
     const int threads = max_threads < num_threads_ ? (max_threads < 1 ? 1 : max_threads) : num_threads_;
     int helpers = num_tasks - 1 < threads - 1 ? num_tasks - 1 : threads - 1;
     fn_ = fn;
@@ -85,6 +91,11 @@ class ThreadPool {
   }
 
  private:
+  // Marks the calling thread as inside a job for its scope (a nested parallel_for then runs inline).
+  struct InJob {
+    InJob() { t_in_job = true; }
+    ~InJob() { t_in_job = false; }
+  };
   void work(int thread) {
     for (;;) {
       int task = next_task_.fetch_add(1, std::memory_order_relaxed);
@@ -106,7 +117,10 @@ class ThreadPool {
       }
       seen = generation_.load(std::memory_order_acquire);
       if (stop_) return;
-      if (thread <= max_helper_) work(thread);
+      if (thread <= max_helper_) {
+        InJob in_job;
+        work(thread);
+      }
       pending_.fetch_sub(1, std::memory_order_release);
     }
   }
@@ -268,7 +282,12 @@ void parallel_for_raw(int num_tasks, TaskFn fn, void* ctx) {
     return;
   }
 #endif
-  pool().run(num_tasks, fn, ctx, max_threads());
+  const int threads = max_threads();
+  if (threads <= 1 || t_in_job) {  // one thread (or nested in a pool task): no workers to wake
+    for (int t = 0; t < num_tasks; ++t) fn(ctx, t, 0);
+    return;
+  }
+  pool().run(num_tasks, fn, ctx, threads);
 }
 
 }  // namespace kernels

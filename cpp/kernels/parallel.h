@@ -7,7 +7,9 @@
 // leave no second team spinning beside torch's GEMMs. A private pool cannot avoid competing with
 // torch's spinning OpenMP workers on a 2-core machine. When two OpenMP runtimes are mapped (a torch
 // build whose runtime is renamed or not GNU's) the pool is chosen instead;
-// PAGEDCORE_KERNEL_THREADING=pool|openmp overrides the choice.
+// PAGEDCORE_KERNEL_THREADING=pool|openmp overrides the choice. This is the library's default: the Python
+// engine switches a process to the pool when every linear layer of its model runs these kernels (no torch
+// GEMM in a step to share a team with; python/pagedcore/ops/kernel_threading.py has the rule and figures).
 #pragma once
 
 #include <cstdint>

@@ -260,4 +260,28 @@ TEST(pool_survives_fork) {
   set_active_threading(openmp_available() ? Threading::kOpenMP : Threading::kPool);
 }
 
+TEST(pool_runs_a_nested_parallel_for_inline) {
+  // The pool takes one job at a time: a parallel_for from inside a task must run its tasks on that
+  // thread (as OpenMP's path does in a parallel region), not wait for the pool, which would never free.
+  set_active_threading(Threading::kPool);
+  std::vector<int> inner_done(8 * 16, 0);
+  std::vector<int> inner_thread(8 * 16, -1);
+  std::vector<int> outer_thread(8, -1);
+  alarm(20);  // a deadlock fails the test instead of blocking CTest
+  parallel_for(8, [&](int outer, int thread) {
+    outer_thread[outer] = thread;
+    parallel_for(16, [&](int inner, int inner_t) {
+      ++inner_done[outer * 16 + inner];
+      inner_thread[outer * 16 + inner] = inner_t;
+    });
+  });
+  alarm(0);
+  for (int i = 0; i < 8 * 16; ++i) {
+    CHECK_EQ(inner_done[i], 1);
+    CHECK_EQ(inner_thread[i], 0);  // inline: the nested loop's thread index is 0
+  }
+  for (int t : outer_thread) CHECK(t >= 0 && t < max_threads());
+  set_active_threading(openmp_available() ? Threading::kOpenMP : Threading::kPool);
+}
+
 int main() { return pagedcore_test::run_all(); }

@@ -125,9 +125,11 @@ def test_shrinking_reaches_torch_and_our_kernels_on_the_stepping_thread():
 
     from pagedcore import _core
 
-    before = torch.get_num_threads()
+    before, threading = torch.get_num_threads(), _core.kernel_threading()
+    _core.set_kernel_threading("openmp")   # (an engine built earlier may have left the pool: ops/kernel_threading.py)
     if before < 2 or _core.kernel_threading() != "openmp":
-        pytest.skip("needs 2+ threads and the OpenMP kernel threading (the default)")
+        _core.set_kernel_threading(threading)
+        pytest.skip("needs 2+ threads and a build with OpenMP")
     m = FakeMachine(before)
     team = tt.ThreadTeam(before, cpus=m.cpus, interval_s=0.5, read_times=lambda cpus: (m.busy, m.own),
                          clock=lambda: m.now, ticks_per_s=TICKS)   # the real torch.set_num_threads
@@ -141,6 +143,7 @@ def test_shrinking_reaches_torch_and_our_kernels_on_the_stepping_thread():
         assert torch.get_num_threads() == before and _core.kernel_max_threads() == before
     finally:
         torch.set_num_threads(before)
+        _core.set_kernel_threading(threading)
 
 
 def test_the_kernels_pool_follows_torch_threads_too():

@@ -11,6 +11,7 @@ import torch
 
 from pagedcore.engine.step_input import StepInput
 from pagedcore.ops import attention as kernels
+from pagedcore.ops import kernel_threading
 from pagedcore.layers.attention import AttentionMetadata
 from pagedcore.sampling.logit_edits import LogitEdits
 from pagedcore.sampling.logprobs import RawLogitRows
@@ -25,6 +26,8 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None      # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
         self.cpu_kv_cache: torch.Tensor | None = None  # same layout, the swap pool's blocks; None without swap space
         self.lora_manager = None  # a pagedcore.lora.LoRAManager when LoRA is enabled: sets each step's adapter rows
+        if self.device.type == "cpu":  # the kernels' own pool where no library GEMM runs (ops/kernel_threading.py)
+            self.kernel_threading = kernel_threading.apply_for_model(model)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None) -> None:
         self.kv_cache = kv_cache
