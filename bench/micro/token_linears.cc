@@ -53,6 +53,21 @@ int main(int argc, char** argv) {
   auto split_read = [&]() {
     for (auto& w : ws) read_probe(w.data(), static_cast<int64_t>(w.size()), thr);
   };
+  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  if (argc > 4 && strcmp(argv[4], "repeat") == 0) {
+    // The passes back to back, each kind 20 times in a row (as a multi-step call repeats a token's reads):
+    // what stays in L3 from one pass to the next helps each kind alike.
+    for (int round = 0; round < 4; ++round) {
+      std::vector<double> a, b, c;
+      for (int r = 0; r < 20; ++r) { double t0 = now(); token(); a.push_back(now() - t0); }
+      for (int r = 0; r < 20; ++r) { double t0 = now(); read_probe(probe.data(), total, thr); b.push_back(now() - t0); }
+      for (int r = 0; r < 20; ++r) { double t0 = now(); split_read(); c.push_back(now() - t0); }
+      printf("repeated: token linears %.3f ms (%.1f GB/s), contiguous read %.3f ms (%.1f GB/s), per-op reads "
+             "%.3f ms (%.1f GB/s)\n", med(a) * 1e3, total / med(a) / 1e9, med(b) * 1e3, total / med(b) / 1e9,
+             med(c) * 1e3, total / med(c) / 1e9);
+    }
+    return 0;
+  }
   token();
   std::vector<double> ratios, tt, tr, ts;
   for (int r = 0; r < 60; ++r) {
@@ -61,7 +76,6 @@ int main(int argc, char** argv) {
     split_read(); double t3 = now();
     tt.push_back(t1 - t0); tr.push_back(t2 - t1); ts.push_back(t3 - t2); ratios.push_back((t2 - t1) / (t1 - t0));
   }
-  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
   printf("%s: %.1f MB of linears: token linears %.3f ms, read %.3f ms (%.1f GB/s), median ratio %.2f; "
          "per-op reads %.3f ms\n",
          q8 ? "q8_0x16" : "q4_1x16", total / 1e6, med(tt) * 1e3, med(tr) * 1e3, total / med(tr) / 1e9, med(ratios),
