@@ -107,9 +107,9 @@ class ThreadPool {
     uint64_t seen = 0;
     for (;;) {
       auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-      while (generation_.load(std::memory_order_acquire) == seen &&
-             std::chrono::steady_clock::now() < spin_end) {
+      for (uint32_t spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
         cpu_relax();
+        if (spins % kSpinsPerClockRead == 0 && std::chrono::steady_clock::now() >= spin_end) break;
       }
       if (generation_.load(std::memory_order_acquire) == seen) {
         std::unique_lock<std::mutex> lock(mu_);
@@ -125,6 +125,10 @@ class ThreadPool {
     }
   }
 
+  // Pauses between two clock reads of a worker's spin. A read after every pause (a vDSO call) made the worker
+  // notice a new job 0.65 us late on average, 0.20 us with a read every 32 (timed inside the pool, Zen 5 VM,
+  // 2026-12-05); single-stream Q4_0 decode 0.94x the time (10 alternated process pairs), the workload equal.
+  static constexpr uint32_t kSpinsPerClockRead = 32;
   const int num_threads_;
   int spin_us_ = 20;
   std::vector<std::thread> workers_;

@@ -1,7 +1,8 @@
 """The CPU thread team sized to the cores other processes leave free, re-checked while the engine runs.
 
-Why: torch's OpenMP team (which our kernels share, cpp/kernels/parallel.h) has one thread per core
-and every parallel region ends at a barrier. When another process keeps one core busy, the team's
+Why: torch's OpenMP team (which our kernels share, or our kernels' own pool, which follows its size:
+cpp/kernels/parallel.h, ops/kernel_threading.py) has one thread per core and every parallel region ends
+at a barrier. When another process keeps one core busy, the team's
 thread on that core gets a share of it, and each region waits for that thread: decode throughput
 halves. A team of the free cores only runs at their full speed instead.
 
