@@ -160,5 +160,5 @@ def load_format(name: str):
         loaded = load_model(dtype="auto", load_tokenizer=False, quantization=name)
     else:
         loaded = load_model(dtype=name, load_tokenizer=False)
-    kernel_threading.apply_for_model(loaded.model)
+    kernel_threading.apply_for_models(loaded.model)
     return loaded

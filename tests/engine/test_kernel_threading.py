@@ -62,3 +62,18 @@ def test_both_threadings_give_the_same_tokens(tiny_llama):
         _core.set_kernel_threading(threading)
         tokens[threading] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["pool"] == tokens["openmp"]
+
+
+def test_a_draft_and_its_target_choose_together(tiny_llama, monkeypatch):
+    """The draft's runner (built last) decides for both models: a quantized target with a draft whose dense
+    layers call library GEMMs keeps the library default; with the draft quantized too, the pool."""
+    _, folder = tiny_llama
+    monkeypatch.setenv("PAGEDCORE_DENSE_REPACK", "0")
+    spec = {"method": "draft_model", "model": folder, "num_speculative_tokens": 2}
+    engine = _engine(folder, quantization="int8_per_channel", speculative_config=spec)
+    assert engine.worker.runner.kernel_threading == "pool"          # the target's runner, alone
+    assert engine.draft.runner.kernel_threading == kt.LIBRARY_DEFAULT == _core.kernel_threading()
+    quantized = _engine(folder, quantization="int8_per_channel",
+                        speculative_config=dict(spec, quantization="int8_per_channel"))
+    assert quantized.draft.runner.kernel_threading == "pool" == _core.kernel_threading()
+    assert kt.choose(quantized.loaded.model, engine.draft.model) == kt.LIBRARY_DEFAULT

@@ -19,15 +19,19 @@ from pagedcore.sampling.row_sampling import RowSampling
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, device: torch.device | str = "cpu"):
+    def __init__(self, model: torch.nn.Module, device: torch.device | str = "cpu",
+                 also_runs: tuple[torch.nn.Module, ...] = ()):
+        """also_runs: other models this process steps with this one (a speculative draft's target): the CPU
+        kernels' threading is chosen for all of them."""
         self.model = model
         self.device = torch.device(device)
         # Set by bind_kv_cache once the cache is sized (the sizing runs profile_forward first).
         self.kv_cache: torch.Tensor | None = None      # [num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim]
         self.cpu_kv_cache: torch.Tensor | None = None  # same layout, the swap pool's blocks; None without swap space
         self.lora_manager = None  # a pagedcore.lora.LoRAManager when LoRA is enabled: sets each step's adapter rows
-        if self.device.type == "cpu":  # the kernels' own pool where no library GEMM runs (ops/kernel_threading.py)
-            self.kernel_threading = kernel_threading.apply_for_model(model)
+        self.kernel_threading = None   # "pool" | "openmp" on the CPU: the kernels' own pool where no library GEMM runs
+        if self.device.type == "cpu":
+            self.kernel_threading = kernel_threading.apply_for_models(model, *also_runs)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor, cpu_kv_cache: torch.Tensor | None) -> None:
         self.kv_cache = kv_cache

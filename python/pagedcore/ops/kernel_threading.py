@@ -17,7 +17,8 @@ weights are laid out for the kernels (engine/model_runner.py):
   (two teams on the same cores cost milliseconds a step on the AVX2 EPYC, bench/bench_attention.py).
 
 PAGEDCORE_KERNEL_THREADING=pool|openmp overrides the choice for the whole process. The setting is
-process-wide: with several engines in one process, the one built last decides.
+process-wide: a speculative draft's runner decides for the draft and its target together; with several
+engines in one process, the one built last decides.
 """
 
 from __future__ import annotations
@@ -60,17 +61,18 @@ def library_gemm_layers(model: torch.nn.Module) -> list[str]:
             and module.weight.is_cpu and not isinstance(module.weight, X16Weight)]
 
 
-def choose(model: torch.nn.Module) -> str:
-    """The kernels' threading for a process that runs `model` on the CPU (see the module docstring)."""
+def choose(*models: torch.nn.Module) -> str:
+    """The kernels' threading for a process that runs `models` on the CPU (see the module docstring): the
+    pool only if none of them sends calls to a library GEMM."""
     forced = _env_choice()
     if forced is not None:
         return forced
-    return LIBRARY_DEFAULT if library_gemm_layers(model) else "pool"
+    return LIBRARY_DEFAULT if any(library_gemm_layers(m) for m in models) else "pool"
 
 
-def apply_for_model(model: torch.nn.Module) -> str:
-    """Sets the kernels' threading for `model` (choose) and returns it."""
-    threading = choose(model)
+def apply_for_models(*models: torch.nn.Module) -> str:
+    """Sets the kernels' threading for `models` (choose) and returns it."""
+    threading = choose(*models)
     if _core.kernel_threading() != threading:
         _core.set_kernel_threading(threading)
         logger.info("CPU kernels run on %s threads (%s)", threading,

@@ -86,6 +86,7 @@ class DraftModel:
             raise ValueError(f"speculative_config.model {sc.model!r} handles {mc.max_position_embeddings} positions, "
                              f"fewer than max_model_len ({config.max_model_len}); lower --max-model-len")
         self.model = loaded.model
+        self.target_model = target_loaded.model  # the kernels' threading is chosen for both (ops/kernel_threading.py)
         if torch.device(config.device).type == "cuda":
             self.model.to(config.device)
         self.model_config = mc
@@ -138,7 +139,7 @@ class DraftModel:
         cache = kvc.allocate(self.spec, num_blocks + self.scratch_blocks, self.device)
         cpu_cache = (kvc.allocate(self.spec, num_cpu_blocks, "cpu", pin_memory=self.device.type == "cuda")
                      if num_cpu_blocks else None)
-        self.runner = ModelRunner(self.model, self.device)
+        self.runner = ModelRunner(self.model, self.device, also_runs=(self.target_model,))
         self.runner.bind_kv_cache(cache, cpu_cache)
         scratch = np.arange(num_blocks, num_blocks + self.scratch_blocks, dtype=np.int32)
         self.proposer = DraftProposer(self._logits, cache, scratch, self.num_speculative_tokens)
