@@ -208,8 +208,11 @@ def test_dense_layer_uses_the_plans_library_above_the_kernel_rows(monkeypatch, d
 def test_dispatch_report_lists_every_family(caplog):
     report = dict(linear_isa.dispatch_report())
     for family in ("cpu", "attention", "dense linear kernel", "norms + rotary", "quantized linear",
-                   "dense fp32 GEMM plan", "dense bf16 GEMM plan", "library GEMM ISA"):
+                   "dense fp32 GEMM plan", "dense bf16 GEMM plan", "library GEMM ISA", "kernel threads"):
         assert report.get(family), family
+    from pagedcore import _core
+
+    assert report["kernel threads"].startswith(_core.kernel_threading() + " now")
     isa = linear_isa.auto_isa()
     assert isa in report["cpu"] and isa in report["dense linear kernel"]
     # Attention's pair-dot tiles (attention_dot_tiles.h) run where the kernel ISA has bf16 pair dots.

@@ -125,6 +125,11 @@ def dispatch_report() -> list[tuple[str, str]]:
         source = "measured on " + plan.measured.split(" (")[0] if measured else "not measured here"
         rows.append((f"dense {name} GEMM plan", f"{plan.describe()} [table row {gemm_isa()}: {source}]"))
     rows.append(("library GEMM ISA", _library_isa()))
+    from pagedcore import _core
+
+    rows.append(("kernel threads", f"{_core.kernel_threading()} now; an engine takes the kernels' pool where every "
+                 "linear layer runs these kernels, else torch's OpenMP team (ops/kernel_threading.py; "
+                 "PAGEDCORE_KERNEL_THREADING=pool|openmp forces either)"))
     return rows
 
 
