@@ -22,10 +22,10 @@ std::string errno_text(const std::string& what, const std::string& name) {
   return what + " /dev/shm/" + name + ": " + std::strerror(errno);
 }
 
-// The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses):
+// The fields of a /proc stat file after the command name (which may hold spaces and parentheses):
 // fields[0] is field 3 (state), fields[19] field 22 (start time).
-bool read_stat_fields(int pid, std::string* state, uint64_t* start_time) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+bool read_stat_fields(const std::string& path, std::string* state, uint64_t* start_time) {
+  std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line)) return false;
   const size_t close = line.rfind(')');
@@ -45,20 +45,28 @@ bool read_stat_fields(int pid, std::string* state, uint64_t* start_time) {
 }  // namespace
 
 uint64_t process_start_time(int pid) {
+  // Through the main thread's task entry, which gives the process's start time as /proc/<pid>/stat does on
+  // Linux, because QEMU's user-mode emulator answers /proc/self/stat and /proc/<own pid>/stat itself: one
+  // tick off in the process it started, and the parent's value in a forked child, while other processes read
+  // the kernel's. A peer then took a live process for a reused pid (the emulated CI runs, 2026-12-05).
+  const std::string id = std::to_string(pid);
   std::string state;
   uint64_t start = 0;
-  return read_stat_fields(pid, &state, &start) ? start : 0;
+  return read_stat_fields("/proc/" + id + "/task/" + id + "/stat", &state, &start) ? start : 0;
 }
 
 std::string process_gone_reason(int pid, uint64_t start_time) {
   if (pid <= 0) return "";
   std::string state;
   uint64_t start = 0;
-  if (!read_stat_fields(pid, &state, &start)) {
+  if (!read_stat_fields("/proc/" + std::to_string(pid) + "/stat", &state, &start)) {
     // No /proc (or not readable): the signal-0 probe is all there is.
     if (::kill(pid, 0) == 0 || errno == EPERM) return "";
     return "exited";
   }
+  // The start time as process_start_time reads it (the process's state stays the whole process's).
+  const uint64_t leader_start = process_start_time(pid);
+  if (leader_start != 0) start = leader_start;
   if (start_time != 0 && start != start_time) return "exited (its pid now belongs to another process)";
   if (state == "Z" || state == "X" || state == "x") return "a zombie: it exited and was not reaped yet";
   return "";

@@ -50,7 +50,7 @@ struct alignas(kCacheLine) ParticipantSlot {
   std::atomic<uint64_t> start_time;  // /proc/<pid>/stat field 22: tells a reused pid apart
 };
 
-// /proc/<pid>/stat field 22 (start time in clock ticks since boot); 0 when unreadable.
+// /proc/<pid>/stat field 22 (start time in clock ticks since boot, as other processes read it; 0 when unreadable).
 uint64_t process_start_time(int pid);
 // "" when the process (pid, start_time) is running; else why not ("exited", "a zombie: it exited and
 // was not reaped yet", "exited (its pid now belongs to another process)").

@@ -7,11 +7,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "distributed/shm_ring.h"
+#include "distributed/shm_segment.h"
 #include "fork_ranks.h"
 
 using namespace pagedcore::distributed;
@@ -60,6 +62,22 @@ TEST(two_readers_get_every_frame_in_order_through_a_small_ring) {
     writer.write({{m.data(), half}, {m.data() + half, m.size() - half}}, quick());
   }
   pagedcore_test::expect_children_ok(readers);
+}
+
+TEST(a_live_process_is_not_taken_for_a_reused_pid) {
+  // The start time a process records for itself must be the one its peers read for its pid (under QEMU's
+  // user-mode emulator the process's own /proc/<pid>/stat is answered by the emulator: a forked child got its
+  // parent's start time, and a reader declared a live writer's pid reused).
+  const int parent = static_cast<int>(getpid());
+  const uint64_t parent_start = process_start_time(parent);
+  CHECK(parent_start != 0);
+  std::vector<pid_t> children = pagedcore_test::fork_children(1, [&](int) {
+    const uint64_t own = process_start_time(static_cast<int>(getpid()));
+    if (own == 0 || own < parent_start) throw std::runtime_error("the child's own start time is off");
+    if (!process_gone_reason(parent, parent_start).empty()) throw std::runtime_error("the live parent is gone");
+    if (!process_gone_reason(static_cast<int>(getpid()), own).empty()) throw std::runtime_error("self is gone");
+  });
+  pagedcore_test::expect_children_ok(children);
 }
 
 TEST(the_writer_waits_for_the_slowest_reader) {
