@@ -158,6 +158,11 @@ def test_config_and_flag():
     assert engine_config_from_args(args).num_scheduler_steps == 8
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    as_int = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[a.element_size()]
+    return torch.equal(a.view(as_int), b.view(as_int))
+
+
 def test_run_steps_checks_every_index_before_writing_the_cache(tiny_llama):
     _, folder = tiny_llama
     llm = LLM(folder, max_model_len=256)
@@ -179,6 +184,7 @@ def test_run_steps_checks_every_index_before_writing_the_cache(tiny_llama):
                        (dict(query_start_loc=np.array([0, 2], dtype=np.int32)), "query_start_loc")]:
         with pytest.raises((ValueError, IndexError), match=match):
             decoder.run_steps(Step(**bad), runner.kv_cache)
-    assert runner.kv_cache.equal(before)
+    # Bits, not values: the cache is uninitialised memory, and a NaN in it never equals itself.
+    assert _same_bits(runner.kv_cache, before)
     tokens = decoder.run_steps(Step(), runner.kv_cache)
-    assert tokens.shape == (3,) and not runner.kv_cache.equal(before)
+    assert tokens.shape == (3,) and not _same_bits(runner.kv_cache, before)
