@@ -314,7 +314,8 @@ def main(argv=None) -> int:
         floor = best_bw * 1e9 / wb["total"]
         entry = {"weight_bytes": wb, "floor_tok_per_s": floor, "floor_ms": 1e3 / floor,
                  "kernel_threading": _core_threading()}
-        print(f"\n== {dtype} (kernels on {entry['kernel_threading']}): {wb['total'] / 1e6:.1f} MB of weights per decode token "
+        print(f"\n== {dtype} (kernels on {entry['kernel_threading']}): {wb['total'] / 1e6:.1f} MB of weights "
+              f"per decode token "
               f"(layers {wb['layers'] / 1e6:.1f}, lm_head {wb['lm_head'] / 1e6:.1f}); "
               f"floor {1e3 / floor:.2f} ms = {floor:.1f} tok/s at {best_bw:.1f} GB/s")
         if args.same_bytes_floor:

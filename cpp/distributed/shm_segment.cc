@@ -64,7 +64,7 @@ std::string process_gone_reason(int pid, uint64_t start_time) {
     if (::kill(pid, 0) == 0 || errno == EPERM) return "";
     return "exited";
   }
-  // The start time as process_start_time reads it (the process's state stays the whole process's).
+  // State from the process's entry (a zombie process), start time as process_start_time reads it.
   const uint64_t leader_start = process_start_time(pid);
   if (leader_start != 0) start = leader_start;
   if (start_time != 0 && start != start_time) return "exited (its pid now belongs to another process)";

@@ -157,8 +157,8 @@ class GreedyDecode:
             raise ValueError("GreedyDecode.run_steps: multi-step does not run an engine with LoRA enabled "
                              "(its steps take the single-step call)")
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(),
-                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
-                step.query_start_loc, step.max_seq_len)
+                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping,
+                step.block_tables, step.seq_lens, step.query_start_loc, step.max_seq_len)
         edit_args = {"kv_strides": kv_strides}
         if edits is not None:
             edit_args.update(edits=edits, ban_steps=np.asarray(ban_steps, dtype=np.int32))
@@ -182,8 +182,9 @@ class GreedyDecode:
         raw.out before any edit (logprobs). -> int64 [len(logits_indices)]."""
         kv_strides = self._check_cache(kv_cache)
         args = (self.stack._stack, step.input_ids, step.positions, kv_cache.data_ptr(),
-                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping, step.block_tables, step.seq_lens,
-                step.query_start_loc, step.max_query_len, step.max_seq_len, step.logits_indices)
+                CPU_CACHE_DTYPE_CODES[kv_cache.dtype], kv_cache.shape[2], kv_cache.shape[4], step.slot_mapping,
+                step.block_tables, step.seq_lens, step.query_start_loc, step.max_query_len, step.max_seq_len,
+                step.logits_indices)
         raw_args = {"kv_strides": kv_strides}
         if raw is not None:
             raw_args.update(raw_rows=raw.rows, raw_out=raw.out.numpy())

@@ -9,8 +9,9 @@ weights are laid out for the kernels (engine/model_runner.py):
   blocks as stored, int8 W8A8) and dense weights repacked x16. No torch GEMM runs in a step then, and
   a parallel region on the pool costs ~0.16 us where OpenMP's cost 0.45-1.6 us (Zen 5 VM, 2026-12-04):
   a token makes ~150 of them. Measured on the Zen 5 VM (2026-12-05, Q4_1 as stored, alternated in
-  fresh processes): the fixed workload 1.03x OpenMP's (pool ahead in 5 of 6 pairs), single-stream
-  decode ~5% faster (docs/performance.md, "The kernels' pool by default").
+  fresh processes): the fixed workload 1.03x OpenMP's (pool ahead in 5 of 6 pairs), single-stream Q4_0
+  decode 0.95x the time a token, 0.89x after the pool's spin fix (docs/performance.md, "The kernels' pool
+  by default").
 - **openmp** (the library's default) when a layer sends many-row calls to a library GEMM (torch,
   oneDNN: dense weights in the checkpoint layout, e.g. on AVX2-only CPUs or AMX): those GEMMs run on
   torch's OpenMP team, and our regions then reuse its spinning workers instead of contending with them
@@ -37,6 +38,10 @@ CHOICES = ("pool", "openmp")
 # The C++ library's own choice, read before the engine changes it (openmp, or pool when two OpenMP
 # runtimes are mapped or PAGEDCORE_KERNEL_THREADING says so).
 LIBRARY_DEFAULT = _core.kernel_threading()
+
+
+_WHY = {"pool": "every linear layer runs our kernels",
+        "openmp": "library GEMMs run in steps: sharing torch's OpenMP team"}
 
 
 def _env_choice() -> str | None:
@@ -75,7 +80,6 @@ def apply_for_models(*models: torch.nn.Module) -> str:
     threading = choose(*models)
     if _core.kernel_threading() != threading:
         _core.set_kernel_threading(threading)
-        logger.info("CPU kernels run on %s threads (%s)", threading,
-                    f"{ENV_VAR}" if _env_choice() else "every linear layer runs our kernels" if threading == "pool"
-                    else "library GEMMs run in steps: sharing torch's OpenMP team")
+        logger.info("CPU kernels run on %s threads (%s)", threading, _WHY[threading] if _env_choice() is None
+                    else ENV_VAR)
     return _core.kernel_threading()
