@@ -100,10 +100,13 @@ def _timed(fn) -> float:
 class DecodeBatch:
     """batch sequences of `context` cached tokens each (random K/V: attention cost depends only on
     lengths), decoding one token each per step. The same step can run any number of times: each
-    rewrites the same cache slot."""
+    rewrites the same cache slot. Blocks of the engine's CPU default size, scattered."""
 
-    def __init__(self, model, batch: int, context: int, block_size: int = 16, seed: int = 0):
+    def __init__(self, model, batch: int, context: int, block_size: int | None = None, seed: int = 0):
+        from pagedcore.config import CPU_DEFAULT_BLOCK_SIZE
         from pagedcore.layers.attention import AttentionMetadata
+
+        block_size = block_size or CPU_DEFAULT_BLOCK_SIZE
 
         cfg = model.config
         self.model = model

@@ -67,8 +67,8 @@ SETTINGS = {
     "no_prefix_caching": dict(enable_prefix_caching=False),
     "chunked_prefill": dict(max_num_batched_tokens=16),
     "few_seqs": dict(max_num_seqs=5, block_size=8),
-    "preempt_recompute": dict(num_gpu_blocks_override=12, max_num_batched_tokens=64),
-    "preempt_swap": dict(num_gpu_blocks_override=12, max_num_batched_tokens=64, preemption_mode="swap",
+    "preempt_recompute": dict(block_size=16, num_gpu_blocks_override=12, max_num_batched_tokens=64),
+    "preempt_swap": dict(block_size=16, num_gpu_blocks_override=12, max_num_batched_tokens=64, preemption_mode="swap",
                          swap_space="64MiB"),
 }
 

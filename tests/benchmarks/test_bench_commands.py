@@ -47,7 +47,7 @@ def test_throughput_workload_file_shared_prefix_and_long_prompt(tiny_model_folde
     # A 64-token budget prefills one prompt per step, so the later ones find the 48-token prefix cached
     # (3 full blocks of 16); all three in one step would find nothing yet.
     assert main(common + ["--workload", "shared-prefix", "--num-prompts", "3", "--prefix-len", "48",
-                          "--max-output-len", "16", "--max-num-batched-tokens", "64"]) == 0
+                          "--max-output-len", "16", "--max-num-batched-tokens", "64", "--block-size", "16"]) == 0
     text = capsys.readouterr().out
     hits = int(text.split("prefix-hit tokens: ")[1].split()[0])
     assert hits >= 2 * 48

@@ -22,7 +22,7 @@ from tests.models import tiny_models
 
 from .engine_helpers import TINY_KIND, greedy, wait_gone
 
-OPTIONS = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=64)
+OPTIONS = dict(dtype="float32", max_model_len=256, block_size=16, num_gpu_blocks_override=64)
 PROMPTS = [list(range(3 + 4 * i, 35 + 7 * i)) for i in range(4)]
 NUM_TOKENS = 12
 

@@ -42,7 +42,7 @@ def references(tiny_folder):
 def server(tiny_folder):
     grpc_port = free_port()
     server = ServerProcess(tiny_folder, "--dtype", "float32", "--data-parallel-size", "2", "--max-model-len", "256",
-                           "--grpc-port", str(grpc_port))
+                           "--block-size", "16", "--grpc-port", str(grpc_port))  # prefix hits on short prompts
     server.grpc_port = grpc_port
     try:
         server.wait_ready()

@@ -25,7 +25,8 @@ from .engine_helpers import TINY_KIND, greedy, wait_gone
 LAYOUTS = {"tp2": dict(tensor_parallel_size=2), "pp2": dict(pipeline_parallel_size=2)}
 # Every run: prefill chunks of <= 32 tokens, a pool of 14 blocks of 16 tokens (10 requests of up to
 # ~110 tokens do not fit: preemption), the shared 40-token prefix cached.
-TIGHT = dict(max_model_len=256, max_num_batched_tokens=32, num_gpu_blocks_override=14, enable_prefix_caching=True)
+TIGHT = dict(max_model_len=256, max_num_batched_tokens=32, block_size=16, num_gpu_blocks_override=14,
+             enable_prefix_caching=True)
 PREEMPTION = {"recompute": dict(preemption_mode="recompute"),
               "swap": dict(preemption_mode="swap", swap_space="64MiB")}
 # fp32 logits of the parallel run vs one process: |a - b| <= ATOL + RTOL * |b| (see the module docstring).
@@ -101,8 +102,9 @@ def test_default_model_equals_one_process(layout):
     """SmolLM2-135M (9 query / 3 KV heads: TP=2 splits them 6 + 3) dequantised to fp32."""
     prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
                "The capital of France is a city where"]   # shares a prefix with the first
-    settings = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=5,
-                    preemption_mode="swap" if layout == "tp2" else "recompute", swap_space="64MiB")
+    settings = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=16, block_size=16,
+                    num_gpu_blocks_override=5, preemption_mode="swap" if layout == "tp2" else "recompute",
+                    swap_space="64MiB")
     reference = LLM(**settings)
     tok = reference.get_tokenizer()
     ids = [tok.encode(p) for p in prompts]
@@ -180,7 +182,7 @@ def test_bench_latency_compares_tp2_with_one_process(tiny):
     folder, _, _ = tiny
     result = subprocess.run([sys.executable, "-m", "pagedcore.cli", "bench", "latency", "--model", folder,
                              "--tensor-parallel-size", "2", "--input-len", "8", "--output-len", "6", "--num-iters", "1",
-                             "--max-model-len", "64", "--num-gpu-blocks-override", "16"],
+                             "--max-model-len", "64", "--block-size", "16", "--num-gpu-blocks-override", "16"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "one process    decode" in result.stdout and "tp 2 x pp 1    decode" in result.stdout, result.stdout

@@ -44,7 +44,8 @@ def make_engine():
     engines = []
 
     def make(**kw):
-        engine = LLMEngine(EngineConfig(**{"max_model_len": 256, "num_gpu_blocks_override": 64, **kw}))
+        engine = LLMEngine(EngineConfig(**{"max_model_len": 256, "block_size": 16, "num_gpu_blocks_override": 64,
+                                           **kw}))
         engines.append(engine)
         return engine
 
@@ -104,7 +105,7 @@ _DRIVER = textwrap.dedent("""
     from pagedcore.config import EngineConfig
 
     if __name__ == "__main__":
-        engine = LLMEngine(EngineConfig(model=sys.argv[1], max_model_len=256, num_gpu_blocks_override=32,
+        engine = LLMEngine(EngineConfig(model=sys.argv[1], max_model_len=256, block_size=16, num_gpu_blocks_override=32,
                                         {layout}))
         print(json.dumps(engine.worker.pids), flush=True)
         time.sleep(600)

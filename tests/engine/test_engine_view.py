@@ -7,7 +7,7 @@ from pagedcore import LLM, SamplingParams
 
 def test_view_reports_the_setup_and_live_state(tiny_llama):
     _, folder = tiny_llama
-    engine = LLM(folder, max_model_len=64, num_gpu_blocks_override=16).llm_engine
+    engine = LLM(folder, max_model_len=64, block_size=16, num_gpu_blocks_override=16).llm_engine
     view = engine.view
     assert view.config is engine.config and view.model_config.vocab_size == engine.model_config.vocab_size
     assert view.tokenizer is engine.tokenizer and view.model_path is not None

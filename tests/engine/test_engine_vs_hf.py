@@ -20,10 +20,10 @@ MAX_TOKENS = 24
 SETTINGS = {
     "default": dict(),
     "no_prefix_caching": dict(enable_prefix_caching=False),
-    "chunked_prefill": dict(max_num_batched_tokens=16),
+    "chunked_prefill": dict(max_num_batched_tokens=16, block_size=16),  # prefix hits on short prompts
     "block_size_8_two_seqs": dict(block_size=8, max_num_seqs=2),
-    "preempt_recompute": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64),
-    "preempt_swap": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64, preemption_mode="swap",
+    "preempt_recompute": dict(block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64),
+    "preempt_swap": dict(block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64, preemption_mode="swap",
                          swap_space="64MiB"),
     "no_chunking": dict(enable_chunked_prefill=False),
 }
@@ -156,7 +156,8 @@ def test_profile_forward_runs_the_largest_step(tiny_llama):
     from pagedcore.engine import kv_cache as kvc
 
     _, folder = tiny_llama
-    llm = LLM(folder, max_model_len=64, max_num_batched_tokens=150, max_num_seqs=8, num_gpu_blocks_override=32)
+    llm = LLM(folder, max_model_len=64, max_num_batched_tokens=150, max_num_seqs=8, block_size=16,
+              num_gpu_blocks_override=32)
     engine = llm.llm_engine
     spec = engine.kv_cache_spec
     shape = kvc.ProfileShape.largest_step(engine.config)

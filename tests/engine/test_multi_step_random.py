@@ -43,7 +43,7 @@ def request(draw):
 def drive(folder, steps: int, stream, blocks: int | None):
     """Adds each request at its step, aborts the flagged ones two steps later; (outputs by id, engine)."""
     engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=256, num_scheduler_steps=steps,
-                                    num_gpu_blocks_override=blocks))
+                                    block_size=16, num_gpu_blocks_override=blocks))
     done = {}
     for step in range(200):
         for i, (prompt, params, arrival, abort) in enumerate(stream):

@@ -23,7 +23,7 @@ ARRAYS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
     _, folder = tiny_llama
-    return LLM(folder, max_model_len=128, num_gpu_blocks_override=32).llm_engine
+    return LLM(folder, max_model_len=128, block_size=16, num_gpu_blocks_override=32).llm_engine
 
 
 @pytest.fixture()

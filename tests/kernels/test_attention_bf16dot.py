@@ -43,7 +43,7 @@ def check(batch, **kw):
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("block_size", [1, 8, 16, 24, 32, 64])
+@pytest.mark.parametrize("block_size", [1, 8, 16, 24, 32, 64, 128])
 def test_block_sizes_and_key_tails(dot_isa, block_size, q_dtype):
     check(make_batch(SEQS, num_heads=9, num_kv_heads=3, head_size=64, block_size=block_size,
                      cache_dtype=torch.bfloat16, q_dtype=q_dtype, seed=block_size))

@@ -27,11 +27,12 @@ def block_major(num_layers, num_blocks, num_kv_heads, block_size, head_size, dty
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_attention_on_a_block_major_layer_equals_the_contiguous_cache(isa, cache_dtype):
-    batch = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_size=64, block_size=16, cache_dtype=cache_dtype,
-                       seed=3)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_attention_on_a_block_major_layer_equals_the_contiguous_cache(isa, cache_dtype, block_size):
+    batch = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_size=64, block_size=block_size,
+                       cache_dtype=cache_dtype, seed=3)
     num_blocks = batch.key_cache.shape[0]
-    cache = block_major(3, num_blocks, 3, 16, 64, cache_dtype)
+    cache = block_major(3, num_blocks, 3, block_size, 64, cache_dtype)
     cache[1, 0].copy_(batch.key_cache)
     cache[1, 1].copy_(batch.value_cache)          # layers 0 and 2 stay NaN: any read of them shows
     args = (batch.block_tables, batch.seq_lens, batch.query_start_loc, batch.scale)

@@ -50,9 +50,10 @@ def test_out_of_range_values_saturate(cache_dtype):
 
 @pytest.mark.parametrize("cache_dtype", FP8)
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-def test_attention_over_an_fp8_cache(isa, cache_dtype, q_dtype):
-    batch = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_size=64, block_size=16, cache_dtype=cache_dtype,
-                       q_dtype=q_dtype, seed=6)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_attention_over_an_fp8_cache(isa, cache_dtype, q_dtype, block_size):
+    batch = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_size=64, block_size=block_size,
+                       cache_dtype=cache_dtype, q_dtype=q_dtype, seed=6)
     args = (batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             batch.scale)
     out = torch.full_like(batch.query, float("nan"))

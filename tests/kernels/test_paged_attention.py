@@ -29,7 +29,7 @@ def run_both(batch, **kw):
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 2)])  # GQA 1, 3, 4
 @pytest.mark.parametrize("head_size", [64, 128])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 128])  # 128: the engine's CPU default
 def test_mixed_batch_matches_reference(isa, cache_dtype, num_heads, num_kv_heads, head_size, block_size):
     batch = make_batch(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
                        block_size=block_size, cache_dtype=cache_dtype)
@@ -56,7 +56,7 @@ def test_other_head_sizes(isa, head_size):
     torch.testing.assert_close(out, want, **tolerances(torch.float32))
 
 
-@pytest.mark.parametrize("block_size", [1, 8, 24, 64])
+@pytest.mark.parametrize("block_size", [1, 8, 24, 64, 256])
 def test_other_block_sizes(isa, block_size):
     batch = make_batch([(50, 1), (7, 30), (0, 1)], num_heads=6, num_kv_heads=3, head_size=64,
                        block_size=block_size, seed=block_size)

@@ -22,8 +22,8 @@ SETTINGS = {
     "default": dict(max_loras=3),
     "max_loras_2": dict(max_loras=2),
     "chunked_prefill": dict(max_loras=3, max_num_batched_tokens=16),
-    "preempt_recompute": dict(max_loras=3, num_gpu_blocks_override=14, max_num_batched_tokens=64),
-    "preempt_swap": dict(max_loras=2, num_gpu_blocks_override=14, max_num_batched_tokens=64,
+    "preempt_recompute": dict(max_loras=3, block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64),
+    "preempt_swap": dict(max_loras=2, block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64,
                          preemption_mode="swap", swap_space="64MiB"),
     "no_prefix_caching": dict(max_loras=1, enable_prefix_caching=False),
 }
@@ -95,7 +95,7 @@ def test_same_prompt_under_two_adapters_never_shares_blocks(tiny_base, adapters)
     hf_base, folder = tiny_base
     (s1, f1, m1), (s2, f2, m2) = adapters[0], adapters[1]
     prompt = prompts_with_shared_prefix(2, seed=9)[1]  # 40-token shared prefix + tail: several full blocks
-    llm = LLM(folder, max_model_len=256, enable_lora=True, max_loras=2)
+    llm = LLM(folder, max_model_len=256, enable_lora=True, max_loras=2, block_size=16)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     first = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False, lora_request=LoRARequest(s1.name, 1, f1))
     hits_before = llm.llm_engine.scheduler.stats().prefix_hit_tokens

@@ -104,11 +104,11 @@ def test_stream_include_usage_sends_a_last_usage_chunk(openai_client):
 def test_a_repeated_prompt_reports_cached_tokens(openai_client, http_server):
     from tests.serving.http_helpers import metric
 
-    prompt = "Here is a list of the planets of the solar system, in order from the sun outwards: " * 2
+    prompt = "Here is a list of the planets of the solar system, in order from the sun outwards: " * 16
     hits = metric(http_server.url, "pagedcore:prefix_cache_hits_total")
     first = openai_client.completions.create(model="smol", prompt=prompt, max_tokens=1, temperature=0)
     second = openai_client.completions.create(model="smol", prompt=prompt, max_tokens=1, temperature=0)
-    assert first.usage.prompt_tokens >= 32
-    # Whole 16-token blocks of the first request's prompt are reused by the second.
-    assert second.usage.prompt_tokens_details.cached_tokens >= 16
-    assert metric(http_server.url, "pagedcore:prefix_cache_hits_total") >= hits + 16
+    assert first.usage.prompt_tokens >= 256
+    # Whole blocks (128 tokens, the CPU default) of the first request's prompt are reused by the second.
+    assert second.usage.prompt_tokens_details.cached_tokens >= 128
+    assert metric(http_server.url, "pagedcore:prefix_cache_hits_total") >= hits + 128

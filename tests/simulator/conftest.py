@@ -92,7 +92,7 @@ def sim_server(tiny_model_folder, tmp_path_factory):
     # 1 MiB of KV cache is 85 blocks of 16 tokens for this model: small enough that a workload of
     # 20 requests sharing a system prompt fills it and preempts, large enough for any one request.
     trace = str(tmp_path_factory.mktemp("sim_trace") / "live.jsonl")
-    server = SimulatorServer(tiny_model_folder, trace, "--kv-cache-memory", "1MiB")
+    server = SimulatorServer(tiny_model_folder, trace, "--kv-cache-memory", "1MiB", "--block-size", "16")
     try:
         server.wait_ready()
         yield server

@@ -1,7 +1,7 @@
 """The simulator as a new user meets it: `pagedcore serve` exactly as the README starts it (the bundled
-model, the default 4 GiB KV cache of ~5,800 blocks, no trace flag; only the ports are free ones so the
-test can run beside other servers), the page at / in headless Chromium. The page must be live without
-any flag, change while a request runs, and draw that request's few blocks readably among thousands:
+model, the default 4 GiB KV cache of ~1,450 blocks of 128 tokens, no trace flag; only the ports are free ones
+so the test can run beside other servers), the page at / in headless Chromium. The page must be live without
+any flag, change while a request runs, and draw that request's few blocks readably among over a thousand:
 checked on the canvas pixels at each of its blocks, not just on the elements."""
 
 import os
@@ -68,12 +68,12 @@ def default_server():
         os.unlink(log.name)
 
 
-def test_the_default_server_is_live_and_draws_a_request_among_thousands_of_blocks(default_server, open_page):
+def test_the_default_server_is_live_and_draws_a_request_among_over_a_thousand_blocks(default_server, open_page):
     assert httpx.get(default_server + "/simulator/info", timeout=10).json()["live"] is True
     page = open_page(default_server + "/")
     page.wait_for(LIVE, 60)
     num_blocks = page.js("PC.state.config.num_gpu_blocks")
-    assert num_blocks >= 2000, "the README's server should have thousands of blocks"
+    assert num_blocks >= 1000, "the README's server should have over a thousand blocks"
     step0 = page.js("PC.state.step")
 
     page.page.fill("#prompt", "Write a short story about a cache that never forgets.")
@@ -88,8 +88,10 @@ def test_the_default_server_is_live_and_draws_a_request_among_thousands_of_block
     table = page.js(f"PC.state.seqs.get({sid}).block_table")
     layout = page.js("({folded: PC.grids.gpu.layout.folded, cell: PC.grids.gpu.layout.cell, "
                      "items: PC.grids.gpu.layout.items.length, height: PC.grids.gpu.layout.height})")
-    assert layout["folded"] and layout["cell"] >= 14, layout     # readable cells, not specks in a dark sea
-    assert layout["items"] < 400 and layout["height"] <= 520, layout
+    # Readable cells, not specks in a dark sea: ~1,450 blocks of 128 tokens fit unfolded; a pool too large for
+    # that folds its free runs (a 6,000-block pool: test_page_features.py).
+    assert layout["cell"] >= 14 and layout["height"] <= 520, layout
+    assert layout["folded"] or layout["items"] == num_blocks, layout
     for b in table:
         cell = page.js(CELL_PIXEL, b)
         assert cell is not None and not cell["gap"], f"block {b} of the running request is folded away"

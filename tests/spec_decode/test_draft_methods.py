@@ -114,7 +114,7 @@ def test_follow_reuses_the_proposal_kv(tiny_llama, reference, draft_folders, mon
 def test_kv_sizing_counts_the_draft(tiny_llama, draft_folders):
     """One budget: a block id costs target + draft bytes, the scratch comes off the top; the log says both."""
     _, folder = tiny_llama
-    plain = LLM(folder, max_model_len=256, kv_cache_memory="4MiB").llm_engine
+    plain = LLM(folder, max_model_len=256, kv_cache_memory="4MiB", block_size=16).llm_engine  # the drafts default
     llm = LLM(folder, max_model_len=256, kv_cache_memory="4MiB",
               speculative_config=draft_spec(draft_folders, "random")).llm_engine
     target_block = plain.kv_cache_spec.bytes_per_block

@@ -191,7 +191,7 @@ def test_sampling_with_a_draft_model_survives_preemption(tiny_llama, draft_folde
     _, folder = tiny_llama
     spec = {"method": "draft_model", "model": draft_folders["noisy"], "num_speculative_tokens": 4,
             "disable_by_batch_size": None, "backoff_after_misses": 0}
-    llm = LLM(folder, max_model_len=256, num_gpu_blocks_override=14, max_num_batched_tokens=64,
+    llm = LLM(folder, max_model_len=256, block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64,
               preemption_mode=preemption_mode, swap_space="64MiB", speculative_config=spec)
     prompts = [p + p[-12:] for p in prompts_with_shared_prefix(8, seed=5)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],

@@ -22,8 +22,8 @@ SETTINGS = {
     "no_prefix_caching": dict(enable_prefix_caching=False),
     "chunked_prefill": dict(max_num_batched_tokens=16),
     "two_seqs_block_8": dict(block_size=8, max_num_seqs=2),
-    "preempt_recompute": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64),
-    "preempt_swap": dict(num_gpu_blocks_override=14, max_num_batched_tokens=64, preemption_mode="swap",
+    "preempt_recompute": dict(block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64),
+    "preempt_swap": dict(block_size=16, num_gpu_blocks_override=14, max_num_batched_tokens=64, preemption_mode="swap",
                          swap_space="64MiB"),
 }
 

@@ -160,9 +160,10 @@ def test_matchers_survive_preemption(tiny_folder, setting):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
 
 
-def test_prefix_cache_hits_give_the_same_constrained_output(tiny_llm):
+def test_prefix_cache_hits_give_the_same_constrained_output(tiny_folder):
     params = constrained(CONSTRAINTS["json"])
-    prompt = PROMPTS[1] * 3                       # several full blocks to reuse
+    prompt = PROMPTS[1] * 3                       # several full blocks to reuse (of 16 tokens)
+    tiny_llm = LLM(tiny_folder, kv_cache_memory="64MiB", max_model_len=256, block_size=16)
     first = tiny_llm.generate(prompt, params, use_tqdm=False)[0]
     second = tiny_llm.generate(prompt, params, use_tqdm=False)[0]
     assert second.metrics.num_cached_tokens > 0

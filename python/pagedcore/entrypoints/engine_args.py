@@ -22,7 +22,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one step (default 2048); larger steps batch bigger GEMMs")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV cache block (default: 128 on the CPU, as vLLM-CPU; 16 on a GPU or with "
+                        "a draft model's speculation)")
     g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
                    help="reuse the KV of shared prompt prefixes (default on)")
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
