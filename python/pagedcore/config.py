@@ -202,8 +202,8 @@ class EngineConfig:
                              "sequence per step and cannot be combined; drop one of them")
 
     def default_block_size(self) -> int:
-        """block_size None: CPU_DEFAULT_BLOCK_SIZE in-process on the CPU, SMALL_BLOCK_SIZE on a GPU or where a
-        draft model proposes (spec_decode/draft_proposer.py copies each proposing sequence's tail block into
+        """block_size None: CPU_DEFAULT_BLOCK_SIZE on the CPU (tensor and pipeline ranks too), SMALL_BLOCK_SIZE on
+        a GPU or where a draft model proposes (spec_decode/draft_proposer.py copies each proposing sequence's tail block into
         scratch blocks every step: up to 127 tokens of K/V a layer at 128)."""
         from pagedcore.spec_decode.config import DRAFT_METHODS, SpeculativeConfig  # light: no engine imports
 
