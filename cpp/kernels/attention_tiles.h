@@ -216,8 +216,7 @@ inline void widen_rows_fp8(const uint8_t* src, float* dst, int64_t n, int64_t D_
 // fp8 rows as bf16 (every fp8 value is one exactly), for the pair-dot tiles.
 template <int kD>
 inline void narrow_rows_fp8(const uint8_t* src, uint16_t* dst, int64_t n, int64_t D_rt, bool e4m3) {
-  const int64_t count = n * (kD ? kD : D_rt);
-  for (int64_t c = 0; c < count; c += W) V::fp8_to_bf16(src + c, dst + c, e4m3);
+  V::fp8_rows_to_bf16(src, dst, n * (kD ? kD : D_rt), e4m3);
 }
 
 template <int kD>

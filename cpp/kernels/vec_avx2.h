@@ -42,6 +42,9 @@ struct VecAvx2 {
     return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
   }
   static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
+  static void fp8_rows_to_bf16(const uint8_t* p, uint16_t* dst, int64_t count, bool e4m3) {  // count % W == 0
+    for (int64_t c = 0; c < count; c += W) fp8_to_bf16(p + c, dst + c, e4m3);
+  }
   static __m256i round_bits(R a) {  // fp32 bits rounded to nearest even bf16 in the top half; NaN quiet
     const __m256i bits = _mm256_castps_si256(a);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));

@@ -83,6 +83,9 @@ struct VecGeneric {
     for (int i = 0; i < W; ++i) p[i] = float_to_bf16_rne(a.v[i]);
   }
   static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
+  static void fp8_rows_to_bf16(const uint8_t* p, uint16_t* dst, int64_t count, bool e4m3) {  // count % W == 0
+    for (int64_t c = 0; c < count; c += W) fp8_to_bf16(p + c, dst + c, e4m3);
+  }
   // W fp8 (kernels/fp8.h; its own copy here, as every function of a trait: see attention_kernel.h).
   static R load_fp8(const uint8_t* p, bool e4m3) {
     R r;
