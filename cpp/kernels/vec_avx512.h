@@ -62,8 +62,8 @@ struct VecAvx512 {
   // count fp8 (a multiple of 16) as bf16, 32 a step by table: the byte's low 7 bits pick one of 128 bf16
   // magnitudes (two vpermt2w lookups of 64, chosen by bit 6) and its top bit is the sign: 7 instructions a 32
   // values where fp8_to_bf16 takes ~20. The tables hold fp8_to_bf16's own results for the 128 magnitudes, so
-  // both give the same bits. (With 128-token blocks an fp8 cache's attention spent 1.4-1.5x bf16's time,
-  // most of it widening: docs/performance.md.)
+  // both give the same bits. (With 128-token blocks an fp8 cache's attention spent 1.4-1.5x bf16's time on
+  // the Zen 5 VM, most of it widening: docs/performance.md.)
   static void fp8_rows_to_bf16(const uint8_t* p, uint16_t* dst, int64_t count, bool e4m3) {
     const uint16_t* table = fp8_table(e4m3).bits;  // [128] bf16 bits of the magnitudes 0x00 .. 0x7f
     const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 32);

@@ -74,7 +74,8 @@ class EngineConfig:
     # vLLM without calibrated scales. A dtype other than the activations' is for in-process CPU engines only.
     kv_cache_dtype: str = "auto"
     # Tokens per KV block. None: 128 on the CPU, as vLLM-CPU (a head's keys of a block lie in one 16 KB run that
-    # the hardware prefetcher follows: the fixed workload's attention took 7-19% less time than with 16), 16 on
+    # the hardware prefetcher follows: the fixed workload's attention took 7-19% less time than with 16 on the
+    # Zen 5 VM, docs/performance.md), 16 on
     # a GPU (vLLM's CUDA default) or with a draft model's speculation. The prefix cache reuses whole blocks:
     # 16 finds shorter shared prefixes.
     block_size: int | None = None
@@ -203,8 +204,8 @@ class EngineConfig:
 
     def default_block_size(self) -> int:
         """block_size None: CPU_DEFAULT_BLOCK_SIZE on the CPU (tensor and pipeline ranks too), SMALL_BLOCK_SIZE on
-        a GPU or where a draft model proposes (spec_decode/draft_proposer.py copies each proposing sequence's tail block into
-        scratch blocks every step: up to 127 tokens of K/V a layer at 128)."""
+        a GPU or where a draft model proposes (spec_decode/draft_proposer.py copies each proposing sequence's
+        tail block into scratch blocks every step: up to 127 tokens of K/V a layer at 128)."""
         from pagedcore.spec_decode.config import DRAFT_METHODS, SpeculativeConfig  # light: no engine imports
 
         spec = SpeculativeConfig.from_value(self.speculative_config)
