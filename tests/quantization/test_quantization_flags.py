@@ -1,5 +1,6 @@
 """--dtype / --quantization: what each combination loads, and the clear refusals (names that are
-unknown, pre-quantized GPTQ/AWQ checkpoints, combinations that cannot run)."""
+unknown, pre-quantized checkpoints other than 4-bit GPTQ / AWQ, combinations that cannot run).
+GPTQ / AWQ checkpoints themselves: test_int4_checkpoint.py."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def test_what_each_combination_loads(gguf_path, hf_folder):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("gptq", r"quantization 'gptq' is not supported by pagedcore; use " + SUPPORTED),
-    ("awq", r"quantization 'awq' is not supported by pagedcore; use " + SUPPORTED),
+    ("gptq_marlin", r"quantization 'gptq_marlin' is not supported by pagedcore; use " + SUPPORTED),
+    ("bitsandbytes", r"quantization 'bitsandbytes' is not supported by pagedcore; use " + SUPPORTED),
     ("int4", r"unknown quantization 'int4'; pagedcore supports " + SUPPORTED),
 ])
 def test_unsupported_names_are_refused_with_the_list(gguf_path, name, message):
@@ -66,7 +67,7 @@ def test_refused_combinations(gguf_path, hf_folder):
             load_model(model, dtype="bfloat16", quantization=quantization)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "compressed-tensors"])
 def test_prequantized_hf_checkpoints_are_refused_by_name(hf_folder, tmp_path, method):
     import shutil
 
@@ -74,7 +75,7 @@ def test_prequantized_hf_checkpoints_are_refused_by_name(hf_folder, tmp_path, me
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 128}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match=f"pre-quantized '{method}' checkpoint.*Q4_K.*int8_per_channel"):
+    with pytest.raises(ModelLoadError, match=f"pre-quantized '{method}' checkpoint.*GPTQ and AWQ.*Q4_K.*int8_per_channel"):
         load_model(str(folder))
 
 
@@ -92,6 +93,6 @@ def test_cli_defaults_and_errors(capsys, gguf_path):
     config = engine_config_from_args(parser.parse_args(["-q", "int8_per_channel", "--dtype", "float32"]))
     assert (config.dtype, config.quantization) == ("float32", "int8_per_channel")
     assert main(["generate", "hi", "--model", gguf_path, "--quantization", "awq"]) == 2
-    assert "quantization 'awq' is not supported by pagedcore" in capsys.readouterr().err
+    assert "--quantization awq loads an HF folder of AWQ weights" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", gguf_path, "--dtype", "bfloat16", "--quantization", "gguf"]) == 2
     assert "runs float32 activations" in capsys.readouterr().err

@@ -25,7 +25,7 @@ def load_model_metadata(model: str | None, dtype: str = "auto", quantization: st
     if dtype != "auto":
         dtype = dtype_name(dtype)
     source = resolve_source(model)
-    plan = plan_weights(source.format, dtype, quantization)
+    plan = plan_weights(source, dtype, quantization)
     laps: dict[str, float] = {}
     t0 = time.perf_counter()
     if source.format == "gguf":

@@ -33,6 +33,7 @@ from pagedcore.engine.step_input import StepInput
 from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
+from pagedcore.layers.linear_quant import BLOCK_METHODS
 from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
@@ -71,8 +72,9 @@ class LLMEngine:
     def _init(self, config: EngineConfig, loaded, executor, t0: float) -> None:
         self.loaded = loaded
         self.model_config = mc = loaded.config
-        # "auto" -> the model's activation dtype; the KV cache's too, but for a GGUF as stored in this process.
-        as_stored = loaded.weight_format == "gguf" and executor is None and config.device == "cpu"
+        # "auto" -> the model's activation dtype; the KV cache's too, but for blocks as stored in this process
+        # (a GGUF, or a GPTQ / AWQ checkpoint in Q4 blocks).
+        as_stored = loaded.weight_format in BLOCK_METHODS and executor is None and config.device == "cpu"
         config.resolve_dtype(mc.dtype, "bfloat16" if as_stored else None)
         self.tokenizer = loaded.tokenizer
         config.resolve_lengths(mc.max_position_embeddings)

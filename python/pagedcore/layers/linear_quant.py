@@ -53,8 +53,8 @@ class QuantPart:
 
 
 class QuantLinearMethod(LinearMethod):
-    """Quantized weights, kept so. format "gguf": each checkpoint tensor keeps the block format it
-    comes in (GGUFWeight.block_format); "int8_per_channel": float checkpoint tensors are quantized
+    """Quantized weights, kept so. format "gguf" (and "gptq" / "awq"): each checkpoint tensor keeps the block
+    format it comes in (GGUFWeight.block_format; Int4Weight's Q4_0 / Q4_1); "int8_per_channel": float checkpoint tensors are quantized
     per output row at load (vLLM-style online quantization of a dense checkpoint)."""
 
     def __init__(self, format: str, quantize_dense_to: str | None = None):
@@ -80,7 +80,7 @@ class QuantLinearMethod(LinearMethod):
             return
         if param_name != "weight":
             raise ValueError(f"checkpoint tensor {name!r}: a quantized linear layer ({self.format}) loads weight "
-                             f"and bias, not {param_name!r}; GPTQ/AWQ checkpoints are not supported")
+                             f"and bias, not {param_name!r}")
         if tuple(loaded.shape) != (num_rows, layer.in_features):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}; the config implies "
                              f"{(num_rows, layer.in_features)}")
@@ -215,7 +215,10 @@ def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul:
     return kernel
 
 
+# Methods whose layers keep a checkpoint's blocks as loaded: a GGUF's, or the Q4 blocks a GPTQ / AWQ
+# checkpoint becomes at load (loader/int4_checkpoint.py).
+BLOCK_METHODS = ("gguf", "gptq", "awq")
 QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {
-    "gguf": QuantLinearMethod("gguf"),
+    **{name: QuantLinearMethod(name) for name in BLOCK_METHODS},
     INT8_PER_CHANNEL: QuantLinearMethod(INT8_PER_CHANNEL, quantize_dense_to=INT8_PER_CHANNEL),
 }

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.quantization import refuse_prequantized
+from pagedcore.loader.int4_checkpoint import int4_scheme
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.registry import MODEL_CLASSES
 
@@ -63,7 +63,7 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
     if architecture not in MODEL_CLASSES:
         raise ModelLoadError(f"{path} declares architecture {architecture!r}; pagedcore runs "
                              f"{sorted(MODEL_CLASSES)}")
-    refuse_prequantized(raw.get("quantization_config"), path)
+    int4_scheme(raw.get("quantization_config"), path)  # refuses pre-quantized formats other than 4-bit GPTQ / AWQ
     if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
         raise ModelLoadError(f"{path}: hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias')}; "
                              "pagedcore's Llama family needs silu and no MLP bias")

@@ -16,6 +16,7 @@ from pagedcore.layers.linear import linear_method
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_file import GGUFFile
+from pagedcore.loader.int4_checkpoint import int4_weights
 from pagedcore.loader.quantization import WeightPlan, plan_weights
 from pagedcore.loader.source import ModelSource, resolve_source
 from pagedcore.loader.tokenizer import tokenizer_from_folder, tokenizer_from_gguf
@@ -49,12 +50,12 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     """model: None (the bundled SmolLM2-135M-Instruct GGUF), a .gguf file, or an HF folder.
     dtype: "auto" (a GGUF keeps its quantized blocks with fp32 activations; an HF folder is float32),
     "float32" or "bfloat16" (a GGUF is dequantised to it). quantization: None, "gguf" (= auto on a
-    GGUF) or "int8_per_channel" (see loader/quantization.py). Weights are converted once, here.
+    GGUF), "int8_per_channel", or "gptq" / "awq" (= None on such a checkpoint; see loader/quantization.py). Weights are converted once, here.
     Raises ModelLoadError with what was found and what is supported."""
     if isinstance(dtype, torch.dtype) or dtype != "auto":
         dtype = dtype_name(dtype)
     source = resolve_source(model)
-    plan = plan_weights(source.format, dtype, quantization)
+    plan = plan_weights(source, dtype, quantization)
     if source.format == "gguf":
         loaded = _load_gguf(source, plan, load_tokenizer)
     else:
@@ -87,7 +88,10 @@ def _load_hf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> Loa
     timer.lap("metadata")
     tokenizer = tokenizer_from_folder(source.path) if load_tokenizer else None
     timer.lap("tokenizer")
-    model = build_model(config, plan.weight_format, hf_loader.weights_from_safetensors(shards))
+    weights = hf_loader.weights_from_safetensors(shards)
+    if plan.int4 is not None:  # GPTQ / AWQ: each layer's packed tensors become one weight of Q4 blocks
+        weights = int4_weights(weights, plan.int4, source.path)
+    model = build_model(config, plan.weight_format, weights)
     timer.lap("weights")
     chat_template = getattr(tokenizer, "chat_template", None) or hf_loader.read_chat_template(source.path)
     return LoadedModel(config, model, tokenizer, generation_config, chat_template, source, timer.laps,

@@ -7,17 +7,25 @@
     HF      auto|float32   None               float32                               float32
     HF      bfloat16       None               bfloat16                              bfloat16
     any     auto|float32   int8_per_channel   int8 per output row, quantized here   float32 (W8A8)
+    HF GPTQ auto|float32   None | gptq        Q4_0 / Q4_1 blocks (int4_checkpoint.py)  float32
+    HF AWQ  auto|float32   None | awq         Q4_1 blocks (int4_checkpoint.py)         float32
 
-Refused: bfloat16 with kept quantized weights (the quantized kernels take fp32 activations),
-`gguf` on an HF folder, GPTQ/AWQ and other pre-quantized checkpoints, unknown names.
+An HF folder's quantization_config decides (as in vLLM, --quantization may be left unset or name the
+checkpoint's method). Refused: bfloat16 with kept quantized weights (the quantized kernels take fp32
+activations), `gguf` on an HF folder, gptq / awq on another kind of checkpoint, other pre-quantized
+checkpoints and variants (int4_checkpoint.py says which), unknown names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import os
+
 from pagedcore.config import quantization_error
 from pagedcore.loader.errors import ModelLoadError
+from pagedcore.loader.int4_checkpoint import INT4_METHODS, Int4Scheme, int4_scheme
+from pagedcore.loader.source import ModelSource
 from pagedcore.model_config import dtype_name
 
 
@@ -26,12 +34,29 @@ class WeightPlan:
     dtype: str  # the model's activation (and non-linear weight) dtype: "float32" | "bfloat16"
     weight_format: str  # the LINEAR_METHODS name of the linear layers
     keep_blocks: bool  # a GGUF's quantized tensors stay blocks (linears and the embedding)
+    int4: Int4Scheme | None = None  # an HF GPTQ / AWQ checkpoint: its layers become Q4 blocks at load
 
 
-def plan_weights(source_format: str, dtype: str, quantization: str | None) -> WeightPlan:
-    """source_format "gguf" | "hf"; dtype "auto" or a dtype name; quantization None or a name."""
+def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> WeightPlan:
+    """dtype "auto" or a dtype name; quantization None or a name. An HF folder's config.json is read
+    for a quantization_config."""
     if dtype != "auto":
         dtype = dtype_name(dtype)
+    source_format = source.format
+    int4 = checkpoint_int4_scheme(source)
+    if int4 is not None:
+        if quantization not in (None, int4.method):
+            raise ModelLoadError(f"{source.path} is a {int4.method.upper()} checkpoint; --quantization "
+                                 f"{quantization} does not apply to it: leave --quantization unset (or pass "
+                                 f"{int4.method})")
+        if dtype == "bfloat16":
+            raise ModelLoadError(f"{source.path} is a {int4.method.upper()} checkpoint, run on the Q4 block "
+                                 "kernels with float32 activations; use --dtype auto (or float32)")
+        return WeightPlan("float32", int4.method, keep_blocks=True, int4=int4)
+    if quantization in INT4_METHODS:
+        raise ModelLoadError(f"--quantization {quantization} loads an HF folder of {quantization.upper()} weights "
+                             f"(config.json with a quantization_config whose quant_method is {quantization!r}); "
+                             f"{source.path} is not one: leave --quantization unset for it")
     if quantization is not None:
         error = quantization_error(quantization)
         if error:
@@ -52,13 +77,14 @@ def plan_weights(source_format: str, dtype: str, quantization: str | None) -> We
     return WeightPlan(dense, dense, keep_blocks=False)
 
 
-def refuse_prequantized(quantization_config: dict | None, path: str) -> None:
-    """An HF config.json with a quantization_config (GPTQ, AWQ, ...) holds weights pagedcore cannot
-    read: refuse it by name rather than fail on its qweight/qzeros tensors."""
-    if not quantization_config:
-        return
-    method = quantization_config.get("quant_method", "unknown")
-    raise ModelLoadError(f"{path} is a pre-quantized {method!r} checkpoint; pagedcore does not load "
-                         f"{method} weights. It serves GGUF files as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, "
-                         "Q6_K) and quantizes dense checkpoints at load with --quantization int8_per_channel: "
-                         "use the model's GGUF or its unquantized checkpoint")
+def checkpoint_int4_scheme(source: ModelSource) -> Int4Scheme | None:
+    """The GPTQ / AWQ scheme of an HF folder's config.json (None: a GGUF, or no quantization_config);
+    other pre-quantized checkpoints are refused by name rather than failing on their tensors."""
+    if source.format != "hf":
+        return None
+    from pagedcore.loader.hf_loader import read_json
+
+    path = os.path.join(source.path, "config.json")
+    if not os.path.isfile(path):
+        return None  # config_from_hf reports the missing file
+    return int4_scheme(read_json(path).get("quantization_config"), path)

@@ -1,0 +1,103 @@
+"""Tiny GPTQ and AWQ checkpoints written here, from a tiny HF model's weights: each linear layer of the
+decoder quantized to 4 bits per group of inputs and packed the way AutoGPTQ / AutoAWQ save it, with the
+quantization_config they write. The packing below is written independently of the loader's unpacking
+(nibble by nibble, from the formats' definitions), so a mistake in either shows. Test-only.
+
+    GPTQ  qweight int32 [K/8, N]: bits 4j.. of [i, n] = q[8i + j, n];  qzeros int32 [G, N/8]: bits 4j.. of
+          [g, c] = zero[g, 8c + j] - 1 (checkpoint_format "gptq"; "gptq_v2": the zero);  scales fp16 [G, N];
+          g_idx int32 [K]
+    AWQ   qweight int32 [K, N/8]: bits 4i.. of [k, c] = q[k, 8c + ORDER[i]];  qzeros likewise;  scales fp16
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from ..models import tiny_models
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's: nibble i holds column ORDER[i] of its 8
+
+
+def quantize_groups(w: torch.Tensor, group_size: int, sym: bool):
+    """w fp32 [N, K] -> (q int64 [N, K] in 0..15, zeros int64 [N, G], scales fp16 [N, G]) with groups of
+    group_size inputs: sym, zero 8 and scale max|w| / 7; else min..max over 0..15 with an integer zero in
+    1..15 (GPTQ's zero - 1 storage cannot hold 0)."""
+    N, K = w.shape
+    groups = w.reshape(N, K // group_size, group_size)
+    if sym:
+        scales = (groups.abs().amax(-1) / 7).clamp_min(1e-4).half()
+        zeros = torch.full(scales.shape, 8, dtype=torch.int64)
+    else:
+        lo, hi = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+        scales = ((hi - lo) / 15).clamp_min(1e-4).half()
+        zeros = torch.round(-lo / scales.float()).clamp(1, 15).to(torch.int64)
+    q = torch.round(groups / scales.float()[..., None] + zeros[..., None]).clamp(0, 15).to(torch.int64)
+    return q.reshape(N, K), zeros, scales
+
+
+def dequantized(q, zeros, scales, group_size) -> torch.Tensor:
+    """fp64 [N, K]: scale * (q - zero), the formats' definition."""
+    group = torch.arange(q.shape[1]) // group_size
+    return scales.double()[:, group] * (q.double() - zeros.double()[:, group])
+
+
+def _pack(values: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
+    """int64 [rows, 8 c] of nibbles -> int32 [rows, c]: nibble i of each int32 = values[:, 8c + order[i]]."""
+    rows, cols = values.shape
+    packed = torch.zeros(rows, cols // 8, dtype=torch.int64)
+    for i, column in enumerate(order):
+        packed |= values[:, column::8] << (4 * i)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the int32 bit pattern
+
+
+def pack_gptq(q, zeros, scales, group_size: int, zero_minus_one: bool = True) -> dict[str, torch.Tensor]:
+    """q [N, K], zeros [N, G], scales [N, G] -> AutoGPTQ's tensors (qweight: 8 consecutive inputs of one
+    output in each int32, [K/8, N])."""
+    stored_zeros = (zeros - 1) & 15 if zero_minus_one else zeros  # AutoGPTQ: zero - 1, in 4 bits
+    return {"qweight": _pack(q.contiguous()).t().contiguous(), "qzeros": _pack(stored_zeros.t().contiguous()),
+            "scales": scales.t().contiguous(), "g_idx": (torch.arange(q.shape[1]) // group_size).to(torch.int32)}
+
+
+def pack_awq(q, zeros, scales) -> dict[str, torch.Tensor]:
+    return {"qweight": _pack(q.t().contiguous(), AWQ_ORDER), "qzeros": _pack(zeros.t().contiguous(), AWQ_ORDER),
+            "scales": scales.t().contiguous()}
+
+
+def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int = 64, sym: bool = True,
+                      checkpoint_format: str = "gptq", quantization_config: dict | None = None):
+    """An HF folder of `kind` (tiny_models) whose decoder linears are `method` ("gptq" | "awq") 4-bit weights.
+    Returns (folder, dense reference model): the HF model whose linears hold the dequantised weights."""
+    from safetensors.torch import save_file
+
+    model = tiny_models.build_hf_model(kind)
+    tiny_models.save_hf_folder(model, folder)
+    tensors = {}
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            prefix, _, leaf = name.rpartition(".")
+            if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
+                tensors[name] = param.contiguous()
+                continue
+            q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq")
+            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq") if method == "gptq"
+                      else pack_awq(q, zeros, scales))
+            tensors.update({f"{prefix}.{leaf}": value for leaf, value in packed.items()})
+            param.copy_(dequantized(q, zeros, scales, group_size).float())  # the reference's dense weight
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors") or name == "model.safetensors.index.json":
+            os.remove(os.path.join(folder, name))
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    config_path = os.path.join(folder, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["quantization_config"] = quantization_config or (
+        {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": sym,
+         "checkpoint_format": checkpoint_format} if method == "gptq" else
+        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"})
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    return str(folder), model

@@ -1,0 +1,179 @@
+"""4-bit GPTQ and AWQ checkpoints (loader/int4_checkpoint.py) run on the Q4 block kernels, kept quantized:
+the blocks a layer becomes equal the checkpoint's own formula (exactly for Q4_0, within fp16's rounding of
+the minimum for Q4_1), whole runs equal the float64 oracle of the same arithmetic, the flags follow vLLM,
+and what the kernels cannot run is refused with the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+
+from pagedcore import LLM, SamplingParams
+from pagedcore.config import quantization_error
+from pagedcore.loader import ModelLoadError, load_model
+from pagedcore.loader.int4_checkpoint import Int4Scheme, Int4Weight, int4_scheme
+from pagedcore.ops.quant_repack import repackable
+
+from ..models import tiny_models
+from ..models.paged_driver import PagedDriver
+from .int4_checkpoints import dequantized, pack_awq, pack_gptq, quantize_groups, write_int4_folder
+from .test_quantized_models import PROMPT, assert_same_as_oracle
+
+GPTQ = Int4Scheme("gptq", 64, sym=True, zero_minus_one=True)
+
+
+def random_layer(N=48, K=256, group_size=64, sym=True, seed=0):
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(seed))
+    return quantize_groups(w, group_size, sym)
+
+
+def gguf_values(weight: Int4Weight) -> torch.Tensor:
+    """The blocks dequantised by gguf's reference code: fp64 [N, K]."""
+    blocks = weight.block_rows()
+    kind = {"q4_0": T.Q4_0, "q4_1": T.Q4_1}[weight.block_format]
+    return torch.from_numpy(gguf_quants.dequantize(blocks.numpy(), kind).reshape(weight.shape)).double()
+
+
+@pytest.mark.parametrize("zero_minus_one", [True, False], ids=["gptq", "gptq_v2"])
+def test_symmetric_gptq_becomes_q4_0_exactly(zero_minus_one):
+    q, zeros, scales = random_layer(sym=True)
+    packed = pack_gptq(q, zeros, scales, 64, zero_minus_one)
+    weight = Int4Weight("l", Int4Scheme("gptq", 64, True, zero_minus_one), packed)
+    expected = dequantized(q, zeros, scales, 64)
+    assert weight.shape == (48, 256) and weight.block_format == "q4_0"
+    assert torch.equal(gguf_values(weight), expected)  # d = scale, w = d (q - 8): bit for bit
+    assert torch.equal(weight.dequantized().double(), expected)
+
+
+@pytest.mark.parametrize("method, group_size", [("gptq", 32), ("gptq", -1), ("awq", 64), ("awq", 128)])
+def test_asymmetric_layers_become_q4_1_within_fp16_rounding_of_the_minimum(method, group_size):
+    size = 256 if group_size == -1 else group_size
+    q, zeros, scales = random_layer(group_size=size, sym=False, seed=1)
+    # the extremes of the zero point: AWQ 0..15; GPTQ stores zero - 1 in 4 bits, so 1..16
+    zeros[0, 0], zeros[1, 0] = (0, 15) if method == "awq" else (16, 1)
+    packed = pack_gptq(q, zeros, scales, size) if method == "gptq" else pack_awq(q, zeros, scales)
+    weight = Int4Weight("l", Int4Scheme(method, group_size, sym=False, zero_minus_one=method == "gptq"), packed)
+    expected = dequantized(q, zeros, scales, size)
+    assert weight.block_format == "q4_1"
+    assert torch.equal(weight.dequantized().double(), expected)
+    # m = -scale * zero rounded to fp16: off by at most 2^-11 of it, under 0.75% of a quantization step
+    group = torch.arange(256) // size
+    bound = 2.0**-11 * (scales.double() * zeros.double())[:, group] + 1e-12
+    assert ((gguf_values(weight) - expected).abs() <= bound).all()
+
+
+def test_gptq_zero_stored_as_15_is_16():
+    """AutoGPTQ's zero - 1 storage: a stored nibble of 15 is a zero of 16 (its kernels add 1 to the nibble)."""
+    q, zeros, scales = random_layer(sym=False, seed=2)
+    packed = pack_gptq(q, zeros, scales, 64, zero_minus_one=False)  # raw zeros, read as zero - 1 below
+    packed["qzeros"] = torch.full_like(packed["qzeros"], -1)  # every nibble 15
+    weight = Int4Weight("l", Int4Scheme("gptq", 64, sym=False, zero_minus_one=True), packed)
+    assert torch.equal(weight.dequantized().double(), dequantized(q, torch.full_like(zeros, 16), scales, 64))
+
+
+def test_act_order_and_wrong_shapes_are_refused():
+    q, zeros, scales = random_layer()
+    packed = pack_gptq(q, zeros, scales, 64)
+    shuffled = dict(packed, g_idx=packed["g_idx"].flip(0))
+    with pytest.raises(ModelLoadError, match="desc_act"):
+        Int4Weight("layer", GPTQ, shuffled)
+    with pytest.raises(ModelLoadError, match="do not match"):
+        Int4Weight("layer", Int4Scheme("gptq", 128, True, True), dict(packed, g_idx=None))
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "bits=8"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 16}, "multiple of 32"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "GEMM packing"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "zero_point"),
+    ({"quant_method": "bitsandbytes"}, "4-bit GPTQ and AWQ"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "checkpoint_format"),
+])
+def test_schemes_the_kernels_cannot_run_are_refused(config, match):
+    with pytest.raises(ModelLoadError, match=match):
+        int4_scheme(config, "config.json")
+
+
+def test_schemes_read_from_the_config():
+    assert int4_scheme(None, "c") is None
+    assert int4_scheme({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False}, "c") == \
+        Int4Scheme("gptq", 128, sym=False, zero_minus_one=True)
+    assert int4_scheme({"quant_method": "awq", "bits": 4, "group_size": 64}, "c") == \
+        Int4Scheme("awq", 64, sym=False, zero_minus_one=False)
+
+
+@pytest.fixture(scope="module")
+def gptq_folder(tmp_path_factory):
+    return write_int4_folder(tmp_path_factory.mktemp("gptq"), "gptq", group_size=64, sym=True)
+
+
+@pytest.fixture(scope="module")
+def awq_folder(tmp_path_factory):
+    return write_int4_folder(tmp_path_factory.mktemp("awq"), "awq", kind="qwen2", group_size=128)
+
+
+@pytest.mark.parametrize("which, file_format", [("gptq", "q4_0"), ("awq", "q4_1")])
+def test_checkpoints_stay_4_bit_and_equal_the_oracle(request, monkeypatch, which, file_format):
+    folder, dense = request.getfixturevalue(f"{which}_folder")
+    loaded = load_model(folder, load_tokenizer=False)
+    assert loaded.weight_format == which and loaded.config.dtype == "float32"
+    qkv = loaded.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.method.formats(qkv) == [repackable(file_format, qkv.out_features) or file_format]
+    assert loaded.weight_bytes[file_format] > 0 and "float32" in loaded.weight_bytes  # embedding, head, norms
+    linear_bytes = sum(p.numel() for n, p in dense.named_parameters() if n.endswith("proj.weight")) * 4
+    assert loaded.weight_bytes[file_format] < linear_bytes / 5  # 4.5-5 bits a weight against 32
+    assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
+    assert_same_as_oracle(folder, monkeypatch, {file_format})
+
+
+@pytest.mark.parametrize("which", ["gptq", "awq"])
+def test_near_the_dense_model_of_the_same_weights(request, which):
+    """Against HF transformers on the dequantised weights: the kernels quantize activations to int8 per
+    block of 32, so logits differ by a little (measured on these random models: at most 6.3% of the largest
+    logit, 0.5% on average); HF's top token stays in our top 5 (vLLM's criterion at a divergence)."""
+    folder, dense = request.getfixturevalue(f"{which}_folder")
+    ours = PagedDriver(load_model(folder, load_tokenizer=False).model).step([(0, PROMPT)])
+    theirs = tiny_models.hf_logits(dense, PROMPT)
+    assert (ours.topk(5, -1).indices == theirs.argmax(-1)[:, None]).any(-1).all()
+    assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+    assert (ours - theirs).abs().mean() < 0.02 * theirs.abs().max()
+
+
+def test_flags_follow_vllm(gptq_folder, tmp_path):
+    folder, _ = gptq_folder
+    assert quantization_error("gptq") is None and quantization_error("awq") is None
+    assert "gptq / awq" in quantization_error("gptq_marlin")
+    assert load_model(folder, quantization="gptq", load_tokenizer=False).weight_format == "gptq"
+    with pytest.raises(ModelLoadError, match="GPTQ checkpoint; --quantization awq"):
+        load_model(folder, quantization="awq", load_tokenizer=False)
+    with pytest.raises(ModelLoadError, match="float32 activations"):
+        load_model(folder, dtype="bfloat16", load_tokenizer=False)
+    plain = tiny_models.save_hf_folder(tiny_models.build_hf_model("llama"), tmp_path / "plain")
+    with pytest.raises(ModelLoadError, match="is not one"):
+        load_model(plain, quantization="awq", load_tokenizer=False)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"]["desc_act"] = True  # the flag alone is fine: g_idx decides (here k // 64)
+    bad = tmp_path / "act_order"
+    bad.mkdir()
+    for name in os.listdir(folder):
+        if name != "config.json":
+            os.symlink(os.path.join(folder, name), bad / name)
+    with open(bad / "config.json", "w") as f:
+        json.dump(config, f)
+    assert load_model(str(bad), load_tokenizer=False).weight_format == "gptq"
+
+
+def test_the_engine_serves_it_with_a_bf16_cache_as_for_a_gguf(gptq_folder):
+    folder, _ = gptq_folder
+    llm = LLM(folder, max_model_len=128)
+    assert llm.llm_engine.config.kv_cache_dtype == "bfloat16"  # "auto" for blocks as stored on the CPU
+    (out,) = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=6, temperature=0.0))
+    assert len(out.outputs[0].token_ids) == 6
+    assert np.all(np.array(out.outputs[0].token_ids) < tiny_models.VOCAB_SIZE)
