@@ -39,9 +39,20 @@ def quantize_groups(w: torch.Tensor, group_size: int, sym: bool):
     return q.reshape(N, K), zeros, scales
 
 
-def dequantized(q, zeros, scales, group_size) -> torch.Tensor:
-    """fp64 [N, K]: scale * (q - zero), the formats' definition."""
-    group = torch.arange(q.shape[1]) // group_size
+def quantize_act_order(w: torch.Tensor, group_size: int, sym: bool, perm: torch.Tensor):
+    """GPTQ with desc_act=True: inputs are quantized in the order perm (perm[i] is the i-th input taken), the
+    i-th taken falling in group i // group_size. Returns (q [N, K] in input order, zeros, scales, g_idx [K])."""
+    q_taken, zeros, scales = quantize_groups(w[:, perm], group_size, sym)
+    q = torch.empty_like(q_taken)
+    q[:, perm] = q_taken
+    g_idx = torch.empty(w.shape[1], dtype=torch.int64)
+    g_idx[perm] = torch.arange(w.shape[1]) // group_size
+    return q, zeros, scales, g_idx
+
+
+def dequantized(q, zeros, scales, group_size, g_idx=None) -> torch.Tensor:
+    """fp64 [N, K]: scale * (q - zero), the formats' definition (input k in group g_idx[k])."""
+    group = torch.arange(q.shape[1]) // group_size if g_idx is None else g_idx
     return scales.double()[:, group] * (q.double() - zeros.double()[:, group])
 
 
@@ -54,12 +65,14 @@ def _pack(values: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the int32 bit pattern
 
 
-def pack_gptq(q, zeros, scales, group_size: int, zero_minus_one: bool = True) -> dict[str, torch.Tensor]:
+def pack_gptq(q, zeros, scales, group_size: int, zero_minus_one: bool = True, g_idx=None) -> dict[str, torch.Tensor]:
     """q [N, K], zeros [N, G], scales [N, G] -> AutoGPTQ's tensors (qweight: 8 consecutive inputs of one
     output in each int32, [K/8, N])."""
     stored_zeros = (zeros - 1) & 15 if zero_minus_one else zeros  # AutoGPTQ: zero - 1, in 4 bits
+    if g_idx is None:
+        g_idx = torch.arange(q.shape[1]) // group_size
     return {"qweight": _pack(q.contiguous()).t().contiguous(), "qzeros": _pack(stored_zeros.t().contiguous()),
-            "scales": scales.t().contiguous(), "g_idx": (torch.arange(q.shape[1]) // group_size).to(torch.int32)}
+            "scales": scales.t().contiguous(), "g_idx": g_idx.to(torch.int32)}
 
 
 def pack_awq(q, zeros, scales) -> dict[str, torch.Tensor]:
@@ -68,9 +81,11 @@ def pack_awq(q, zeros, scales) -> dict[str, torch.Tensor]:
 
 
 def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int = 64, sym: bool = True,
-                      checkpoint_format: str = "gptq", quantization_config: dict | None = None):
+                      checkpoint_format: str = "gptq", act_order: bool = False):
     """An HF folder of `kind` (tiny_models) whose decoder linears are `method` ("gptq" | "awq") 4-bit weights.
-    Returns (folder, dense reference model): the HF model whose linears hold the dequantised weights."""
+    act_order (GPTQ): each layer's inputs taken in a random order, one order for the linears that share an
+    input (q/k/v, gate/up), as GPTQ's Hessian order is. Returns (folder, dense reference model): the HF model
+    whose linears hold the dequantised weights."""
     from safetensors.torch import save_file
 
     model = tiny_models.build_hf_model(kind)
@@ -82,11 +97,19 @@ def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int 
             if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
                 tensors[name] = param.contiguous()
                 continue
-            q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq")
-            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq") if method == "gptq"
-                      else pack_awq(q, zeros, scales))
+            g_idx = None
+            if act_order:
+                shared_input = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
+                                "up_proj": "gate_up"}.get(prefix.rpartition(".")[2], prefix)
+                seed = sum(map(ord, prefix.rpartition(".")[0] + shared_input))
+                perm = torch.randperm(param.shape[1], generator=torch.Generator().manual_seed(seed))
+                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym, perm)
+            else:
+                q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq")
+            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx)
+                      if method == "gptq" else pack_awq(q, zeros, scales))
             tensors.update({f"{prefix}.{leaf}": value for leaf, value in packed.items()})
-            param.copy_(dequantized(q, zeros, scales, group_size).float())  # the reference's dense weight
+            param.copy_(dequantized(q, zeros, scales, group_size, g_idx).float())  # the reference's dense weight
     for name in os.listdir(folder):
         if name.endswith(".safetensors") or name == "model.safetensors.index.json":
             os.remove(os.path.join(folder, name))
@@ -94,8 +117,8 @@ def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int 
     config_path = os.path.join(folder, "config.json")
     with open(config_path) as f:
         config = json.load(f)
-    config["quantization_config"] = quantization_config or (
-        {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": sym,
+    config["quantization_config"] = (
+        {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": act_order, "sym": sym,
          "checkpoint_format": checkpoint_format} if method == "gptq" else
         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"})
     with open(config_path, "w") as f:

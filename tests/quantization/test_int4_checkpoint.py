@@ -22,7 +22,8 @@ from pagedcore.ops.quant_repack import repackable
 
 from ..models import tiny_models
 from ..models.paged_driver import PagedDriver
-from .int4_checkpoints import dequantized, pack_awq, pack_gptq, quantize_groups, write_int4_folder
+from .int4_checkpoints import (dequantized, pack_awq, pack_gptq, quantize_act_order, quantize_groups,
+                               write_int4_folder)
 from .test_quantized_models import PROMPT, assert_same_as_oracle
 
 GPTQ = Int4Scheme("gptq", 64, sym=True, zero_minus_one=True)
@@ -77,12 +78,27 @@ def test_gptq_zero_stored_as_15_is_16():
     assert torch.equal(weight.dequantized().double(), dequantized(q, torch.full_like(zeros, 16), scales, 64))
 
 
-def test_act_order_and_wrong_shapes_are_refused():
+def test_act_order_sorts_the_inputs_by_group():
+    """desc_act=True: the layer's inputs are sorted by group (stable) so each group is whole blocks; the blocks
+    hold the sorted columns exactly and input_perm says which input each is."""
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(3))
+    perm = torch.randperm(256, generator=torch.Generator().manual_seed(4))
+    q, zeros, scales, g_idx = quantize_act_order(w, 64, True, perm)
+    weight = Int4Weight("l", GPTQ, pack_gptq(q, zeros, scales, 64, g_idx=g_idx))
+    expected = dequantized(q, zeros, scales, 64, g_idx)
+    assert torch.equal(weight.input_perm, torch.argsort(g_idx, stable=True))
+    assert torch.equal(gguf_values(weight), expected[:, weight.input_perm])  # Q4_0, bit for bit
+    assert torch.equal(weight.dequantized().double(), expected)  # the checkpoint's input order
+
+
+def test_act_order_groups_that_split_a_block_and_wrong_shapes_are_refused():
     q, zeros, scales = random_layer()
     packed = pack_gptq(q, zeros, scales, 64)
-    shuffled = dict(packed, g_idx=packed["g_idx"].flip(0))
-    with pytest.raises(ModelLoadError, match="desc_act"):
-        Int4Weight("layer", GPTQ, shuffled)
+    uneven = torch.tensor([0] * 48 + [1] * 80 + [2] * 64 + [3] * 64)[torch.randperm(256)]  # 48 + 80: not whole blocks
+    with pytest.raises(ModelLoadError, match="not multiples of 32"):
+        Int4Weight("layer", GPTQ, dict(packed, g_idx=uneven.to(torch.int32)))
+    with pytest.raises(ModelLoadError, match="expected 256 group indices below 4"):
+        Int4Weight("layer", GPTQ, dict(packed, g_idx=torch.full((256,), 4, dtype=torch.int32)))
     with pytest.raises(ModelLoadError, match="do not match"):
         Int4Weight("layer", Int4Scheme("gptq", 128, True, True), dict(packed, g_idx=None))
 
@@ -132,7 +148,42 @@ def test_checkpoints_stay_4_bit_and_equal_the_oracle(request, monkeypatch, which
     assert_same_as_oracle(folder, monkeypatch, {file_format})
 
 
-@pytest.mark.parametrize("which", ["gptq", "awq"])
+@pytest.fixture(scope="module")
+def act_order_folder(tmp_path_factory):
+    return write_int4_folder(tmp_path_factory.mktemp("act"), "gptq", group_size=32, sym=False, act_order=True)
+
+
+def test_act_order_checkpoints_gather_their_inputs_and_equal_the_oracle(act_order_folder, monkeypatch):
+    folder, _ = act_order_folder
+    model = load_model(folder, load_tokenizer=False).model
+    layer = model.model.layers[1]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert linear.input_perm is not None and linear.method.formats(linear)[0].startswith("q4_1")
+    assert not torch.equal(layer.self_attn.qkv_proj.input_perm, layer.self_attn.o_proj.input_perm)
+    status = model.decoder_stack_status  # the C++ stack does not gather: the Python layer loop runs it
+    assert not status.supported and "act order" in status.reason
+    assert_same_as_oracle(folder, monkeypatch, {"q4_1"})
+
+
+def test_fused_shards_with_different_act_orders_are_refused(act_order_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = act_order_folder
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in os.listdir(folder):
+        if not name.endswith(".safetensors"):
+            os.symlink(os.path.join(folder, name), bad / name)
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    # k_proj's groups in o_proj's order (same K): q/k/v share an input, so their orders must agree
+    prefix = "model.layers.0.self_attn"
+    tensors[f"{prefix}.k_proj.g_idx"] = tensors[f"{prefix}.o_proj.g_idx"].clone()
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="another act-order input permutation"):
+        load_model(str(bad), load_tokenizer=False)
+
+
+@pytest.mark.parametrize("which", ["gptq", "awq", "act_order"])
 def test_near_the_dense_model_of_the_same_weights(request, which):
     """Against HF transformers on the dequantised weights: the kernels quantize activations to int8 per
     block of 32, so logits differ by a little (measured on these random models: at most 6.3% of the largest

@@ -122,6 +122,9 @@ def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
         return f"returns {linear.out_dtype}, not the layer dtype"
     if isinstance(linear.method, QuantLinearMethod):
         parts = linear.quant_parts
+        if linear.input_perm is not None:
+            return ("takes its inputs in act order (a GPTQ desc_act=True layer: x[:, input_perm]), which the stack "
+                    "does not gather; such a model runs the Python layer loop")
         if len(parts) != 1 or parts[0].num_rows != linear.out_features:
             return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs one format per "
                     "layer (a file that mixes block types inside one fused layer runs the Python layer loop)")

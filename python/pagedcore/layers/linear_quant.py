@@ -68,6 +68,9 @@ class QuantLinearMethod(LinearMethod):
         layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=torch.float32), requires_grad=False)
                       if bias else None)  # [out], fp32 like the activations
         layer.quant_parts = []  # list[QuantPart], sorted by row_start, covering the rows loaded so far
+        # An act-order GPTQ layer's input order (loader/int4_checkpoint.py): int64 [in], x[:, input_perm]
+        # is what its blocks multiply; None: inputs as they come.
+        layer.input_perm = None
 
     def load(self, layer: Linear, param_name: str, loaded: CheckpointTensor, name: str,
              rows: tuple[int, int] | None) -> None:
@@ -84,6 +87,12 @@ class QuantLinearMethod(LinearMethod):
         if tuple(loaded.shape) != (num_rows, layer.in_features):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}; the config implies "
                              f"{(num_rows, layer.in_features)}")
+        input_perm = getattr(loaded, "input_perm", None)
+        if layer.quant_parts and not _same_order(layer.input_perm, input_perm):
+            raise ValueError(f"checkpoint tensor {name!r} has another act-order input permutation than the "
+                             "shards loaded before it into the same fused layer (q/k/v or gate/up share their "
+                             "input, so GPTQ gives them one order); re-quantize with desc_act=False")
+        layer.input_perm = input_perm
         _insert_part(layer, self._part(loaded, name, start, num_rows, layer.in_features))
 
     def _part(self, loaded: CheckpointTensor, name: str, start: int, num_rows: int, in_features: int) -> QuantPart:
@@ -100,7 +109,7 @@ class QuantLinearMethod(LinearMethod):
         return QuantPart(_DENSE_PART, start, num_rows, dense)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, layer.in_features)  # [num_rows, in]
+        x2 = _ordered_inputs(layer, x)  # [num_rows, in]
         parts = _loaded_parts(layer)
         if len(parts) == 1:
             y = _run_part(parts[0], layer, x2, silu_mul=False)
@@ -113,7 +122,9 @@ class QuantLinearMethod(LinearMethod):
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         parts = _loaded_parts(layer)
         if len(parts) == 1 and parts[0].format != _DENSE_PART:
-            return _run_part(parts[0], layer, x, silu_mul=True)  # SwiGLU in the kernel's epilogue
+            x2 = _ordered_inputs(layer, x)  # [num_rows, in]
+            y = _run_part(parts[0], layer, x2, silu_mul=True)  # SwiGLU in the kernel's epilogue
+            return y.view(*x.shape[:-1], y.shape[-1])
         gate_up = self.apply(layer, x)  # [num_tokens, out]: gate and up in different formats
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
@@ -141,7 +152,8 @@ class QuantLinearMethod(LinearMethod):
 
     def kernel_for(self, layer: Linear, x_dtype: torch.dtype):
         parts = layer.quant_parts
-        if (layer.lora is not None or len(parts) != 1 or parts[0].num_rows != layer.out_features
+        if (layer.lora is not None or layer.input_perm is not None or len(parts) != 1
+                or parts[0].num_rows != layer.out_features
                 or parts[0].format == _DENSE_PART or x_dtype not in (torch.float32, torch.bfloat16)):
             return None
         return _part_kernel(parts[0], layer, x_dtype, silu_mul=False), QUANT_MAX_ROWS
@@ -178,6 +190,16 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
     # part keeps its own tensor and `weight` stays empty (weight_bytes() counts the parts).
     single = len(merged) == 1 and merged[0].num_rows == layer.out_features
     layer.weight.data = merged[0].weight if single else torch.empty(0, dtype=torch.uint8)
+
+
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _ordered_inputs(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] -> [num_rows, in], its inputs gathered into the layer's act order when it has one."""
+    x2 = x.reshape(-1, layer.in_features)
+    return x2 if layer.input_perm is None else x2.index_select(1, layer.input_perm)
 
 
 def _loaded_parts(layer: Linear) -> list[QuantPart]:

@@ -20,9 +20,13 @@ GGUF block of 32 weights along K:
     any other layer (AWQ, GPTQ sym=False)           Q4_1  d = scale, m = -scale * zero rounded to fp16,
         W = d q + m: off by at most 2^-11 |scale * zero| <= 15/2048 scale, under 0.75% of one
         quantization step (fp16 scales are kept exactly; other scale dtypes are rounded to fp16)
-Refused with the reason and the fix: bits other than 4, a group_size that is not a multiple of 32 (or -1),
-act-order groups (desc_act=True with a g_idx that is not k // group_size: 32 consecutive inputs would not
-share a scale), AWQ's GEMV packing, AWQ without zero points.
+Act-order GPTQ (desc_act=True: g_idx is not k // group_size, a group's inputs are scattered over K): the
+inputs are sorted by group once at load (input_perm, stable), so every group is a run of whole blocks, and
+the layer gathers x[:, input_perm] before its kernel (layers/linear_quant.py; such layers run the Python
+layer loop, not the C++ decoder stack). A fused layer's shards (q/k/v, gate/up share their input, so GPTQ
+gives them one order) must agree. Refused with the reason and the fix: bits other than 4, a group_size
+that is not a multiple of 32 (or -1), groups whose sizes are not multiples of 32, AWQ's GEMV packing,
+AWQ without zero points.
 """
 
 from __future__ import annotations
@@ -89,21 +93,27 @@ def int4_scheme(quantization_config: dict[str, Any] | None, path: str) -> Int4Sc
 
 class Int4Weight:
     """One GPTQ / AWQ linear weight [N, K] (a LazyWeight): block_rows() gives its GGUF blocks for a
-    quantized layer to keep; load_into / narrow give the exact dequantised values (fp32)."""
+    quantized layer to keep (inputs in input_perm's order when it is not None); load_into / narrow give the
+    exact dequantised values (fp32, the checkpoint's input order)."""
 
     def __init__(self, name: str, scheme: Int4Scheme, parts: dict[str, torch.Tensor]):
-        q, zeros, scales = _unpack(name, scheme, parts)  # uint8 [N, K], int16 [N, G], fp32 [N, G]
+        # q uint8 [N, K] and group int64 [K] in input_perm's order; zeros int16 [N, G]; scales fp32 [N, G]
+        q, group, zeros, scales, self.input_perm = _unpack(name, scheme, parts)
         self.shape = tuple(q.shape)
         self._name = name
-        self._q, self._zeros, self._scales = q, zeros, scales
-        self._group_size = scheme.group_size if scheme.group_size > 0 else self.shape[1]
+        self._q, self._group, self._zeros, self._scales = q, group, zeros, scales
         # Q4_0 when every zero is 8 (exact); otherwise Q4_1, whose m = -scale * zero is fp16.
         self.block_format = "q4_0" if scheme.sym and bool((zeros == 8).all()) else "q4_1"
 
     def dequantized(self) -> torch.Tensor:
-        """fp32 [N, K]: scale * (q - zero), the checkpoint's own formula."""
-        group = torch.arange(self.shape[1]) // self._group_size  # [K]
-        return self._scales[:, group] * (self._q.to(torch.float32) - self._zeros[:, group].to(torch.float32))
+        """fp32 [N, K]: scale * (q - zero), the checkpoint's own formula, in its input order."""
+        values = self._scales[:, self._group] * (self._q.to(torch.float32)
+                                                 - self._zeros[:, self._group].to(torch.float32))
+        if self.input_perm is None:
+            return values
+        unsorted = torch.empty_like(values)
+        unsorted[:, self.input_perm] = values
+        return unsorted
 
     def load_into(self, out: torch.Tensor) -> None:
         out.copy_(self.dequantized())
@@ -115,7 +125,7 @@ class Int4Weight:
         """uint8 [N, row_bytes]: GGUF Q4_0 (d, qs) or Q4_1 (d, m, qs) blocks of 32 inputs, little-endian fp16."""
         N, K = self.shape
         nb = K // _BLOCK
-        group = (torch.arange(nb) * _BLOCK) // self._group_size  # [nb]: each block's group
+        group = self._group[::_BLOCK]  # [nb]: each block's group (one per block, checked at unpacking)
         d = self._scales[:, group].to(torch.float16)  # [N, nb]
         q = self._q.view(N, nb, _BLOCK)
         qs = q[..., :16] | (q[..., 16:] << 4)  # [N, nb, 16]: byte j = q[j] | q[j + 16] << 4, as ggml
@@ -135,7 +145,8 @@ def _fp16_bytes(values: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack(name: str, scheme: Int4Scheme, parts: dict[str, torch.Tensor]):
-    """(q uint8 [N, K], zeros int16 [N, G], scales fp32 [N, G]) of one layer's packed tensors."""
+    """(q uint8 [N, K], group int64 [K], zeros int16 [N, G], scales fp32 [N, G], input_perm int64 [K] or None)
+    of one layer's packed tensors; with act order, q's inputs and group are in input_perm's order."""
     qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         raise ModelLoadError(f"{name}: qweight / qzeros are {qweight.dtype} / {qzeros.dtype}, not int32 "
@@ -159,13 +170,23 @@ def _unpack(name: str, scheme: Int4Scheme, parts: dict[str, torch.Tensor]):
     if tuple(scales.shape) != (G, N) or tuple(zeros.shape) != (G, N):
         raise ModelLoadError(f"{name}: scales {tuple(scales.shape)} / qzeros {tuple(qzeros.shape)} do not match "
                              f"qweight {tuple(qweight.shape)} with group_size {scheme.group_size} ({G} groups)")
+    group = torch.arange(K) // group_size  # [K]: the group of each input
     g_idx = parts.get("g_idx")
-    if g_idx is not None and not torch.equal(g_idx.to(torch.int64).reshape(-1), torch.arange(K) // group_size):
-        raise ModelLoadError(f"{name}: act-order groups (desc_act=True: g_idx is not input // group_size), so 32 "
-                             "consecutive inputs do not share a scale as the Q4 block kernels need; use a "
-                             "checkpoint quantized with desc_act=False, or the model's GGUF")
-    return (q.to(torch.uint8).contiguous(), zeros.t().to(torch.int16).contiguous(),
-            scales.t().to(torch.float32).contiguous())
+    input_perm = None
+    if g_idx is not None and not torch.equal(g_idx.to(torch.int64).reshape(-1), group):
+        g_idx = g_idx.to(torch.int64).reshape(-1)
+        if g_idx.numel() != K or int(g_idx.min()) < 0 or int(g_idx.max()) >= G:
+            raise ModelLoadError(f"{name}: g_idx has {g_idx.numel()} entries in {int(g_idx.min())}.."
+                                 f"{int(g_idx.max())}; expected {K} group indices below {G}")
+        input_perm = torch.argsort(g_idx, stable=True)  # [K]: inputs sorted by group (act order undone)
+        group = g_idx[input_perm]
+        if not bool((group.view(-1, _BLOCK) == group.view(-1, _BLOCK)[:, :1]).all()):
+            raise ModelLoadError(f"{name}: act-order groups whose sizes are not multiples of {_BLOCK}, so a "
+                                 "block of 32 sorted inputs would mix two scales; use a checkpoint quantized "
+                                 "with desc_act=False, or the model's GGUF")
+        q = q[:, input_perm]
+    return (q.to(torch.uint8).contiguous(), group, zeros.t().to(torch.int16).contiguous(),
+            scales.t().to(torch.float32).contiguous(), input_perm)
 
 
 def int4_weights(weights: Iterator[tuple[str, Any]], scheme: Int4Scheme, path: str) -> Iterator[tuple[str, Any]]:
