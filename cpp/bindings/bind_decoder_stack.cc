@@ -20,12 +20,14 @@ void bind_decoder_stack(py::module_& m) {
                        double attn_scale, int32_t dtype, int32_t isa,
                        const std::optional<std::vector<std::vector<std::optional<kernels::WeightFormat>>>>& formats,
                        const std::optional<std::vector<std::vector<uintptr_t>>>& scales,
-                       const std::optional<std::vector<std::vector<std::optional<std::vector<int64_t>>>>>& lora) {
+                       const std::optional<std::vector<std::vector<std::optional<std::vector<int64_t>>>>>& lora,
+                       const std::optional<std::vector<std::vector<uintptr_t>>>& input_perms) {
              kernels::DecoderStack s;
              const size_t num_layers = layer_ptrs.size();
              if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers) ||
-                 (lora && lora->size() != num_layers))
-               throw py::value_error("linear_formats, linear_scales and lora_stacks need one entry per layer");
+                 (lora && lora->size() != num_layers) || (input_perms && input_perms->size() != num_layers))
+               throw py::value_error("linear_formats, linear_scales, lora_stacks and linear_input_perms need one "
+                                     "entry per layer");
              for (size_t l = 0; l < num_layers; ++l) {
                const auto& v = layer_ptrs[l];
                if (v.size() != 9)
@@ -53,6 +55,13 @@ void bind_decoder_stack(py::module_& m) {
                    if ((*scales)[l].size() != kernels::kNumStackLinears)
                      throw py::value_error("each layer's linear_scales has 4 entries: qkv, o_proj, gate_up, down");
                    w.scales[i] = ptr<const float>((*scales)[l][i]);
+                 }
+                 // An act-order layer's int64 [K] input order (0: inputs as they come); Python checks it.
+                 if (input_perms) {
+                   if ((*input_perms)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's linear_input_perms has 4 entries: qkv, o_proj, gate_up, "
+                                           "down");
+                   w.input_perm[i] = ptr<const int64_t>((*input_perms)[l][i]);
                  }
                  // Its LoRA slot stacks (None: no adapter hook): a_t, b_t, ranks, slice_starts pointers,
                  // then num_slots, num_slices, max_rank.
@@ -92,7 +101,8 @@ void bind_decoder_stack(py::module_& m) {
            py::arg("layer_ptrs"), py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
            py::arg("dtype"), py::arg("isa") = -1, py::arg("linear_formats") = py::none(),
-           py::arg("linear_scales") = py::none(), py::arg("lora_stacks") = py::none())
+           py::arg("linear_scales") = py::none(), py::arg("lora_stacks") = py::none(),
+           py::arg("linear_input_perms") = py::none())
       .def(
           "run",
           [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,

@@ -21,12 +21,19 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 // Activation buffers of a step, per calling thread, reused across calls.
 struct StackWorkspace {
-  std::vector<char> h, qkv, attn, tmp, act, gate_up;
+  std::vector<char> h, qkv, attn, tmp, act, gate_up, gathered;
   static void* get(std::vector<char>& v, int64_t bytes) {
     if (v.size() < static_cast<size_t>(bytes)) v.resize(bytes);
     return v.data();
   }
 };
+// dst[t, k] = src[t, perm[k]]: src, dst [T, K] of 16- or 32-bit values (the bits moved as they are).
+template <typename Bits>
+void gather_columns(const Bits* src, const int64_t* perm, int64_t T, int64_t K, Bits* dst) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) dst[t * K + k] = src[t * K + perm[k]];
+}
+
 StackWorkspace& workspace() {
   static thread_local StackWorkspace ws;
   return ws;
@@ -140,9 +147,15 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
   // [T, 2 I] gate | up before the SwiGLU: only a LoRA step, whose adapter terms go in between
   void* gate_up = lora_step ? StackWorkspace::get(ws.gate_up, T * 2 * I * es) : nullptr;
 
-  // Linear calls differ in weights, sizes and epilogue only.
+  // Linear calls differ in weights, sizes and epilogue only (and an act-order layer's input gather).
   auto linear_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* weight, const void* bias,
                          int64_t N, int64_t K, const void* x, void* out, LinearEpilogue epilogue) {
+    if (const int64_t* perm = w.input_perm[which]) {  // x [T, K] -> x[:, perm] [T, K], as the layer loop
+      void* dst = StackWorkspace::get(ws.gathered, T * K * es);
+      if (es == 4) gather_columns(static_cast<const uint32_t*>(x), perm, T, K, static_cast<uint32_t*>(dst));
+      else gather_columns(static_cast<const uint16_t*>(x), perm, T, K, static_cast<uint16_t*>(dst));
+      x = dst;
+    }
     LinearParams lp;
     lp.out = out;
     lp.x = x;

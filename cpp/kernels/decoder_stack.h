@@ -54,6 +54,9 @@ struct DecoderLayerWeights {
   const void* down = nullptr;        // [E, I]
   std::optional<WeightFormat> format[kNumStackLinears];  // unset: dense_weight_format(dtype)
   const float* scales[kNumStackLinears] = {};           // [N] fp32 for kInt8PerChannel, else nullptr
+  // [K] int64 or nullptr: an act-order GPTQ layer multiplies x[:, input_perm] (its inputs sorted by group
+  // at load, loader/int4_checkpoint.py); the stack gathers them before the kernel (LoRA terms read x as is).
+  const int64_t* input_perm[kNumStackLinears] = {};
   // Each linear's LoRA slot stacks (in: its K, out: its N); a_t == nullptr: no adapter terms there.
   LoRAStacks lora[kNumStackLinears];
 };

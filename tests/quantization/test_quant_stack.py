@@ -1,4 +1,4 @@
-"""The C++ decoder stack on quantized layers (GGUF blocks as stored, int8 per channel) against the
+"""The C++ decoder stack on quantized layers (GGUF blocks as stored, int8 per channel, GPTQ / AWQ) against the
 Python layer loop it stands in for: both call the same quantized kernels with the same activations,
 so a step's hidden states, residual and every cache slot are equal bit for bit (decode, a mixed
 step with padding, one token, and a step past the dense stack's row limit). A layer that mixes
@@ -23,6 +23,7 @@ from ..models.tiny_models import build_hf_model
 from ..loader import tiny_gguf
 from ..models import tiny_models
 from . import quant_models
+from .int4_checkpoints import write_int4_folder
 
 _PROMPT_LENS = {0: 5, 1: 17, 2: 40}  # sequence id -> prompt length (within a block, across edges)
 
@@ -44,15 +45,24 @@ def _int8_model(tmp_path):
     return load_model(str(folder), quantization="int8_per_channel", load_tokenizer=False).model
 
 
+def _int4_model(tmp_path, method, **kwargs):
+    folder, _ = write_int4_folder(tmp_path / method, method, **kwargs)
+    return load_model(folder, load_tokenizer=False).model
+
+
 MODELS = {
     "q4_1": lambda tmp: _block_model(tmp, "llama", T.Q4_1, {"output.weight": T.Q8_0}),
     "q4_0-tied": lambda tmp: _block_model(tmp, "llama_tied", T.Q4_0, {"token_embd.weight": T.Q8_0}),
     "qwen2-q8_0-bias": lambda tmp: _block_model(tmp, "qwen2", T.Q8_0),
     "k-quants": _kquant_model,
     "int8_per_channel": _int8_model,
+    # act-order GPTQ: every linear gathers its inputs (x[:, input_perm]) before the kernel, in both paths
+    "gptq-act-order": lambda tmp: _int4_model(tmp, "gptq", group_size=32, sym=False, act_order=True),
+    "awq-qwen2": lambda tmp: _int4_model(tmp, "awq", kind="qwen2", group_size=64),
 }
 FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "qwen2-q8_0-bias": ["q8_0"],
-           "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"]}
+           "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"],
+           "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"]}
 
 
 @pytest.mark.parametrize("repack", ["repacked", "file_layout"])

@@ -54,6 +54,8 @@ class LayerTensors:
     # Per linear: its LoRA hook (pagedcore.lora.LoRALayerWeights: the slot stacks a_t, b_t, ranks,
     # slice_starts) or None.
     lora: tuple[object | None, ...] = (None, None, None, None)
+    # Per linear: an act-order GPTQ layer's input order, int64 [K] (the stack multiplies x[:, perm]), or None.
+    input_perms: tuple[torch.Tensor | None, ...] = (None, None, None, None)
 
 
 # Model dtype -> the dense weight format the stack reads at that dtype (dense, its dtype code).
@@ -103,7 +105,9 @@ def layer_tensors(layer) -> LayerTensors:
             params[name + ".weight"] = packed
     return LayerTensors(**{field: params.get(name) for name, field in LAYER_PARAMS.items()},
                         formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats),
-                        lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in LINEAR_LEAVES))
+                        lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in LINEAR_LEAVES),
+                        input_perms=tuple(getattr(layer.get_submodule(name), "input_perm", None)
+                                          for name in LINEAR_LEAVES))
 
 
 def stack_shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -158,11 +162,14 @@ class DecoderStack:
         formats = [[None if fmt is None else enums[fmt] for fmt in layer.formats] for layer in layers]
         scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
+        perms = [[0 if perm is None else perm.data_ptr() for perm in layer.input_perms] for layer in layers]
+        any_perm = any(perm is not None for layer in layers for perm in layer.input_perms)
         self._layers = layers  # keeps alive what the stack points at (an x16 repack: the X16Weight's packed)
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
                                          linear_formats=formats, linear_scales=scales,
-                                         lora_stacks=lora_stacks if hooks else None)
+                                         lora_stacks=lora_stacks if hooks else None,
+                                         linear_input_perms=perms if any_perm else None)
 
     def set_profiling(self, on: bool) -> None:
         """Time every op inside the stack (a benchmark aid; ~1 us a step)."""

@@ -122,9 +122,6 @@ def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
         return f"returns {linear.out_dtype}, not the layer dtype"
     if isinstance(linear.method, QuantLinearMethod):
         parts = linear.quant_parts
-        if linear.input_perm is not None:
-            return ("takes its inputs in act order (a GPTQ desc_act=True layer: x[:, input_perm]), which the stack "
-                    "does not gather; such a model runs the Python layer loop")
         if len(parts) != 1 or parts[0].num_rows != linear.out_features:
             return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs one format per "
                     "layer (a file that mixes block types inside one fused layer runs the Python layer loop)")
@@ -173,6 +170,12 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
             if (fmt in INT8_FORMATS) != (scales is not None) or (scales is not None and (
                     scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
                 return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
+        for perm, field in zip(layer.input_perms, LINEAR_FIELDS):
+            cols = shapes[field][1]
+            if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (cols,)
+                                     or not perm.is_contiguous() or perm.device.type != "cpu"
+                                     or not torch.equal(perm.sort().values, torch.arange(cols))):
+                return f"layer {index} {field}: an input order must be a contiguous CPU int64 permutation of {cols}"
         if (layer.q_norm is None) != (layer.k_norm is None):
             return f"layer {index}: q_norm and k_norm come together"
         for hook, field in zip(layer.lora, LINEAR_FIELDS):

@@ -22,9 +22,9 @@ GGUF block of 32 weights along K:
         quantization step (fp16 scales are kept exactly; other scale dtypes are rounded to fp16)
 Act-order GPTQ (desc_act=True: g_idx is not k // group_size, a group's inputs are scattered over K): the
 inputs are sorted by group once at load (input_perm, stable), so every group is a run of whole blocks, and
-the layer gathers x[:, input_perm] before its kernel (layers/linear_quant.py; such layers run the Python
-layer loop, not the C++ decoder stack). A fused layer's shards (q/k/v, gate/up share their input, so GPTQ
-gives them one order) must agree. Refused with the reason and the fix: bits other than 4, a group_size
+the layer gathers x[:, input_perm] before its kernel (layers/linear_quant.py; the C++ decoder stack does
+the same gather). A fused layer's shards (q/k/v, gate/up share their input, so GPTQ gives them one order)
+must agree. Refused with the reason and the fix: bits other than 4, a group_size
 that is not a multiple of 32 (or -1), groups whose sizes are not multiples of 32, AWQ's GEMV packing,
 AWQ without zero points.
 """
