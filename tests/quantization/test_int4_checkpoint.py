@@ -13,6 +13,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedcore import LLM, SamplingParams
 from pagedcore.config import quantization_error
@@ -67,6 +69,39 @@ def test_asymmetric_layers_become_q4_1_within_fp16_rounding_of_the_minimum(metho
     group = torch.arange(256) // size
     bound = 2.0**-11 * (scales.double() * zeros.double())[:, group] + 1e-12
     assert ((gguf_values(weight) - expected).abs() <= bound).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(method=st.sampled_from(["gptq", "awq"]), sym=st.booleans(), act_order=st.booleans(),
+       n_groups_of_8=st.integers(1, 6), k_blocks=st.integers(1, 8), group_blocks=st.sampled_from([1, 2, 4, -1]),
+       seed=st.integers(0, 2**16))
+def test_random_layers_unpack_to_the_formula(method, sym, act_order, n_groups_of_8, k_blocks, group_blocks, seed):
+    """Any shape, group size, method, symmetry and (GPTQ) act order: the weight dequantises to scale * (q - zero)
+    exactly, and its blocks, read by gguf's own dequantizer, give the same values (Q4_0: bit for bit; Q4_1:
+    within fp16's rounding of the minimum) in input_perm's order."""
+    N, K = 8 * n_groups_of_8, 32 * k_blocks
+    size = K if group_blocks == -1 or K % (32 * group_blocks) else 32 * group_blocks
+    sym = sym and method == "gptq"
+    act_order = act_order and method == "gptq"
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(seed))
+    g_idx = None
+    if act_order:
+        perm = torch.randperm(K, generator=torch.Generator().manual_seed(seed + 1))
+        q, zeros, scales, g_idx = quantize_act_order(w, size, sym, perm)
+    else:
+        q, zeros, scales = quantize_groups(w, size, sym)
+    packed = pack_gptq(q, zeros, scales, size, g_idx=g_idx) if method == "gptq" else pack_awq(q, zeros, scales)
+    group_size = -1 if size == K and group_blocks == -1 else size
+    weight = Int4Weight("l", Int4Scheme(method, group_size, sym, zero_minus_one=method == "gptq"), packed)
+    expected = dequantized(q, zeros, scales, size, g_idx)  # fp64 [N, K]
+    assert torch.equal(weight.dequantized().double(), expected)
+    order = torch.arange(K) if weight.input_perm is None else weight.input_perm
+    if weight.block_format == "q4_0":
+        assert torch.equal(gguf_values(weight), expected[:, order])
+    else:
+        group = (torch.arange(K) // size if g_idx is None else g_idx)[order]
+        bound = 2.0**-11 * (scales.double() * zeros.double())[:, group] + 1e-12
+        assert ((gguf_values(weight) - expected[:, order]).abs() <= bound).all()
 
 
 def test_gptq_zero_stored_as_15_is_16():
