@@ -183,6 +183,21 @@ def test_checkpoints_stay_4_bit_and_equal_the_oracle(request, monkeypatch, which
     assert_same_as_oracle(folder, monkeypatch, {file_format})
 
 
+def test_an_unquantized_head_runs_as_a_dense_layer(gptq_folder):
+    """The untied lm_head a GPTQ checkpoint leaves in fp16 becomes the dense fp32 layer a dense checkpoint has
+    (its kernel where the CPU has one), so the one-call greedy decode has a head kernel to run."""
+    from pagedcore.layers.linear import DenseLinearMethod
+
+    folder, dense = gptq_folder
+    model = load_model(folder, load_tokenizer=False).model
+    head = model.lm_head
+    assert isinstance(head.method, DenseLinearMethod) and head.method.format == "float32"
+    assert not hasattr(head, "quant_parts")
+    assert torch.equal(head.weight.data, dense.lm_head.weight.data)  # reads back as [vocab, hidden], as stored
+    assert head.method.kernel_for(head, torch.float32) is not None
+    assert model.greedy_decoder() is not None, model.greedy_decode_reason
+
+
 @pytest.fixture(scope="module")
 def act_order_folder(tmp_path_factory):
     return write_int4_folder(tmp_path_factory.mktemp("act"), "gptq", group_size=32, sym=False, act_order=True)

@@ -130,12 +130,18 @@ class QuantLinearMethod(LinearMethod):
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """Repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
+        """A GPTQ / AWQ layer that is one float tensor becomes a dense layer (_become_dense). Otherwise
+        repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
         the x16 layout where this CPU has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x
         the ggml layout's rate at 128 rows and 1.6x at one row on Zen 5, the k-quants 5x at one
         row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
         +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
         keeps the file's layout everywhere (for A/B measurements)."""
+        parts = layer.quant_parts
+        if (self.format in HF_BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
+                and parts[0].num_rows == layer.out_features):
+            _become_dense(layer, parts[0])
+            return
         if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
             return
         from pagedcore.ops.quant_repack import repack_x16, repackable
@@ -192,6 +198,24 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
     layer.weight.data = merged[0].weight if single else torch.empty(0, dtype=torch.uint8)
 
 
+def _become_dense(layer: Linear, part: QuantPart) -> None:
+    """A layer that an HF GPTQ / AWQ checkpoint left unquantized (an untied lm_head, modules_to_not_convert)
+    becomes the dense float32 layer a dense checkpoint would have: the x16 kernel where the CPU has it,
+    a kernel binding for the one-call decode's head (kernel_for), the kernels' pool where nothing else
+    needs torch. Done through the dense method's own create / load / process calls."""
+    from pagedcore.layers.linear import LINEAR_METHODS
+
+    dense = LINEAR_METHODS["float32"]
+    bias = layer.bias
+    layer.method = dense
+    del layer.quant_parts, layer.input_perm
+    dense.create_weights(layer, bias is not None)
+    dense.load(layer, "weight", part.weight, "weight", None)
+    if bias is not None:
+        dense.load(layer, "bias", bias.data, "bias", None)
+    dense.process_weights_after_loading(layer)
+
+
 def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
@@ -240,6 +264,7 @@ def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul:
 # Methods whose layers keep a checkpoint's blocks as loaded: a GGUF's, or the Q4 blocks a GPTQ / AWQ
 # checkpoint becomes at load (loader/int4_checkpoint.py).
 BLOCK_METHODS = ("gguf", "gptq", "awq")
+HF_BLOCK_METHODS = ("gptq", "awq")  # their float tensors are layers left unquantized: run as dense layers
 QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {
     **{name: QuantLinearMethod(name) for name in BLOCK_METHODS},
     INT8_PER_CHANNEL: QuantLinearMethod(INT8_PER_CHANNEL, quantize_dense_to=INT8_PER_CHANNEL),
