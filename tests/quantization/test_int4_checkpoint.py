@@ -277,3 +277,5 @@ def test_the_engine_serves_it_with_a_bf16_cache_as_for_a_gguf(gptq_folder):
     (out,) = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=6, temperature=0.0))
     assert len(out.outputs[0].token_ids) == 6
     assert np.all(np.array(out.outputs[0].token_ids) < tiny_models.VOCAB_SIZE)
+    with pytest.raises(ValueError, match="kept quantized \\(gptq\\).*CPU only; use --device cpu"):
+        LLM(folder, device="cuda")  # refused before anything moves to a GPU (none is needed to check)

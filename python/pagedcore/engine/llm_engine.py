@@ -33,7 +33,7 @@ from pagedcore.engine.step_input import StepInput
 from pagedcore.engine.thread_team import make_thread_team
 from pagedcore.engine.view import EngineView
 from pagedcore.engine.worker import InProcessWorker
-from pagedcore.layers.linear_quant import BLOCK_METHODS
+from pagedcore.layers.linear_quant import BLOCK_METHODS, QUANT_LINEAR_METHODS
 from pagedcore.outputs import RequestMetrics, RequestOutput
 from pagedcore.sampling.sampler import Sampler
 from pagedcore.sampling_params import BeamSearchParams, SamplingParams
@@ -70,6 +70,10 @@ class LLMEngine:
             raise
 
     def _init(self, config: EngineConfig, loaded, executor, t0: float) -> None:
+        if config.device != "cpu" and loaded.weight_format in QUANT_LINEAR_METHODS:
+            raise ValueError(f"the model's linear layers are kept quantized ({loaded.weight_format}), and those "
+                             f"kernels run on the CPU only; use --device cpu (a GGUF can be dequantised for the "
+                             f"GPU with --dtype float32; GPTQ / AWQ checkpoints run on the CPU)")
         self.loaded = loaded
         self.model_config = mc = loaded.config
         # "auto" -> the model's activation dtype; the KV cache's too, but for blocks as stored in this process

@@ -54,8 +54,9 @@ class QuantPart:
 
 class QuantLinearMethod(LinearMethod):
     """Quantized weights, kept so. format "gguf" (and "gptq" / "awq"): each checkpoint tensor keeps the block
-    format it comes in (GGUFWeight.block_format; Int4Weight's Q4_0 / Q4_1); "int8_per_channel": float checkpoint tensors are quantized
-    per output row at load (vLLM-style online quantization of a dense checkpoint)."""
+    format it comes in (GGUFWeight.block_format; Int4Weight's Q4_0 / Q4_1); "int8_per_channel": float
+    checkpoint tensors are quantized per output row at load (vLLM-style online quantization of a dense
+    checkpoint)."""
 
     def __init__(self, format: str, quantize_dense_to: str | None = None):
         self.format = format

@@ -19,7 +19,6 @@ checkpoints and variants (int4_checkpoint.py says which), unknown names.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 from pagedcore.config import quantization_error
