@@ -50,8 +50,8 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     """model: None (the bundled SmolLM2-135M-Instruct GGUF), a .gguf file, or an HF folder.
     dtype: "auto" (a GGUF keeps its quantized blocks with fp32 activations; an HF folder is float32),
     "float32" or "bfloat16" (a GGUF is dequantised to it). quantization: None, "gguf" (= auto on a
-    GGUF), "int8_per_channel", or "gptq" / "awq" (= None on such a checkpoint; see loader/quantization.py). Weights are converted once, here.
-    Raises ModelLoadError with what was found and what is supported."""
+    GGUF), "int8_per_channel", or "gptq" / "awq" (= None on such a checkpoint; see loader/quantization.py).
+    Weights are converted once, here. Raises ModelLoadError with what was found and what is supported."""
     if isinstance(dtype, torch.dtype) or dtype != "auto":
         dtype = dtype_name(dtype)
     source = resolve_source(model)
