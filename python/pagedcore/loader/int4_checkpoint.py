@@ -93,8 +93,8 @@ def int4_scheme(quantization_config: dict[str, Any] | None, path: str) -> Int4Sc
 
 class Int4Weight:
     """One GPTQ / AWQ linear weight [N, K] (a LazyWeight): block_rows() gives its GGUF blocks for a
-    quantized layer to keep (inputs in input_perm's order when it is not None); load_into / narrow give the
-    exact dequantised values (fp32, the checkpoint's input order)."""
+    quantized layer to keep (inputs in input_perm's order when it is not None); load_into gives the exact
+    dequantised values (fp32, the checkpoint's input order; a slice goes through it, shard_weights.py)."""
 
     def __init__(self, name: str, scheme: Int4Scheme, parts: dict[str, torch.Tensor]):
         # q uint8 [N, K] and group int64 [K] in input_perm's order; zeros int16 [N, G]; scales fp32 [N, G]
@@ -117,9 +117,6 @@ class Int4Weight:
 
     def load_into(self, out: torch.Tensor) -> None:
         out.copy_(self.dequantized())
-
-    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
-        return self.dequantized().narrow(dim, start, length)
 
     def block_rows(self) -> torch.Tensor:
         """uint8 [N, row_bytes]: GGUF Q4_0 (d, qs) or Q4_1 (d, m, qs) blocks of 32 inputs, little-endian fp16."""
