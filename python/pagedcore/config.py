@@ -17,13 +17,12 @@ SMALL_BLOCK_SIZE = 16
 # --quantization names (vLLM's where it has one): "gguf" serves a .gguf file's blocks as stored (the
 # default for a GGUF under --dtype auto); "int8_per_channel" quantizes a dense checkpoint at load
 # (int8 weights, one scale per output channel; W8A8 with dynamic per-token activation scales), named
-# like vLLM's online schemes (fp8_per_tensor, fp8_per_block); "gptq" / "awq" name the method of an HF
-# folder of 4-bit GPTQ / AWQ weights (optional there, as in vLLM: the checkpoint's quantization_config
-# decides). docs/quantization.md says more.
-QUANTIZATION_METHODS = ("gguf", "int8_per_channel", "gptq", "awq")
+# like vLLM's online schemes (fp8_per_tensor, fp8_per_block); "gptq" / "awq" / "compressed-tensors" name
+# the method of an HF folder stored quantized (optional there, as in vLLM: the checkpoint's
+# quantization_config decides). docs/quantization.md says more.
+QUANTIZATION_METHODS = ("gguf", "int8_per_channel", "gptq", "awq", "compressed-tensors")
 # Names vLLM knows for pre-quantized checkpoints or kernels pagedcore does not run: refused with the above.
-UNSUPPORTED_QUANTIZATION = ("gptq_marlin", "awq_marlin", "compressed-tensors", "fp8", "bitsandbytes", "marlin",
-                            "ipex")
+UNSUPPORTED_QUANTIZATION = ("gptq_marlin", "awq_marlin", "fp8", "bitsandbytes", "marlin", "ipex")
 
 
 def quantization_error(name: str) -> str | None:
@@ -31,8 +30,9 @@ def quantization_error(name: str) -> str | None:
     if name in QUANTIZATION_METHODS:
         return None
     supported = ("gguf (a .gguf file's blocks served as stored: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), "
-                 "int8_per_channel (a dense checkpoint quantized to int8 at load) or gptq / awq (an HF folder of "
-                 "4-bit GPTQ / AWQ weights; the marlin kernels are CUDA's, the checkpoint loads as gptq / awq)")
+                 "int8_per_channel (a dense checkpoint quantized to int8 at load), gptq / awq (an HF folder of "
+                 "GPTQ / AWQ weights; the marlin kernels are CUDA's, the checkpoint loads as gptq / awq) or "
+                 "compressed-tensors (an HF folder of int8 W8A8 or int4 / int8 weight-only layers)")
     if name in UNSUPPORTED_QUANTIZATION:
         return f"quantization {name!r} is not supported by pagedcore; use {supported}"
     return f"unknown quantization {name!r}; pagedcore supports {supported}"
@@ -69,7 +69,7 @@ class EngineConfig:
     dtype: str = "auto"                      # weights, activations and KV cache: auto | float32 | bfloat16
                                              # (auto: a GGUF keeps its blocks, fp32 activations; an HF folder,
                                              # or any model on a GPU or with tensor parallelism, float32)
-    quantization: str | None = None          # None | gguf | int8_per_channel | gptq | awq (QUANTIZATION_METHODS)
+    quantization: str | None = None          # None | gguf | int8_per_channel | gptq | awq | ... (QUANTIZATION_METHODS)
     # vLLM's --kv-cache-dtype: auto | float32 | bfloat16 | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2. auto is the
     # activations' dtype, except for a GGUF run as stored in-process on the CPU, whose fp32 activations get a
     # bf16 cache (half the cache's bytes and attention's reads; keys and values are rounded to bf16 as they

@@ -23,7 +23,7 @@ from ..models.tiny_models import build_hf_model
 from ..loader import tiny_gguf
 from ..models import tiny_models
 from . import quant_models
-from .int4_checkpoints import write_int4_folder
+from .gptq_awq_checkpoints import write_gptq_awq_folder
 
 _PROMPT_LENS = {0: 5, 1: 17, 2: 40}  # sequence id -> prompt length (within a block, across edges)
 
@@ -46,7 +46,7 @@ def _int8_model(tmp_path):
 
 
 def _int4_model(tmp_path, method, **kwargs):
-    folder, _ = write_int4_folder(tmp_path / method, method, **kwargs)
+    folder, _ = write_gptq_awq_folder(tmp_path / method, method, **kwargs)
     return load_model(folder, load_tokenizer=False).model
 
 

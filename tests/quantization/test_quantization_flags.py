@@ -1,6 +1,6 @@
 """--dtype / --quantization: what each combination loads, and the clear refusals (names that are
 unknown, pre-quantized checkpoints other than 4-bit GPTQ / AWQ, combinations that cannot run).
-GPTQ / AWQ checkpoints themselves: test_int4_checkpoint.py."""
+GPTQ / AWQ / compressed-tensors checkpoints themselves: test_gptq_awq_checkpoint.py, test_compressed_tensors.py."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_refused_combinations(gguf_path, hf_folder):
             load_model(model, dtype="bfloat16", quantization=quantization)
 
 
-@pytest.mark.parametrize("method", ["bitsandbytes", "compressed-tensors"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "fp8", "modelopt"])
 def test_prequantized_hf_checkpoints_are_refused_by_name(hf_folder, tmp_path, method):
     import shutil
 
@@ -75,7 +75,7 @@ def test_prequantized_hf_checkpoints_are_refused_by_name(hf_folder, tmp_path, me
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 128}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match=f"pre-quantized '{method}' checkpoint.*GPTQ and AWQ.*Q4_K.*int8_per_channel"):
+    with pytest.raises(ModelLoadError, match=f"pre-quantized '{method}' checkpoint.*GPTQ.*AWQ.*compressed-tensors.*Q4_K.*int8_per_channel"):
         load_model(str(folder))
 
 
@@ -93,6 +93,6 @@ def test_cli_defaults_and_errors(capsys, gguf_path):
     config = engine_config_from_args(parser.parse_args(["-q", "int8_per_channel", "--dtype", "float32"]))
     assert (config.dtype, config.quantization) == ("float32", "int8_per_channel")
     assert main(["generate", "hi", "--model", gguf_path, "--quantization", "awq"]) == 2
-    assert "--quantization awq loads an HF folder of AWQ weights" in capsys.readouterr().err
+    assert "--quantization awq loads an HF folder stored in that format" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", gguf_path, "--dtype", "bfloat16", "--quantization", "gguf"]) == 2
     assert "runs float32 activations" in capsys.readouterr().err

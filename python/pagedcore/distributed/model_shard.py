@@ -22,7 +22,6 @@ from pagedcore.distributed.sharding import check_layout, shard_config, shard_pla
 from pagedcore.layers.linear import LINEAR_METHODS, DenseLinearMethod
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.gguf_file import GGUFFile
-from pagedcore.loader.int4_checkpoint import int4_weights
 from pagedcore.loader.model_loader import LoadedModel, _Timer, build_model
 from pagedcore.loader.quantization import plan_weights
 from pagedcore.loader.source import resolve_source
@@ -43,9 +42,9 @@ def check_shardable(model: str | None, dtype: str, quantization: str | None, tp_
     source = resolve_source(model)
     plan = plan_weights(source, _dtype(dtype), quantization)
     if not isinstance(LINEAR_METHODS[plan.weight_format], DenseLinearMethod) or plan.keep_blocks:
-        if plan.int4 is not None:
+        if plan.prequantized is not None:
             raise ValueError(f"--tensor-parallel-size {tp_size} shards dense weights only, and this "
-                             f"{plan.int4.method.upper()} checkpoint stays in 4-bit blocks; run it with "
+                             f"{plan.prequantized.method} checkpoint stays quantized; run it with "
                              "--tensor-parallel-size 1 (--pipeline-parallel-size moves whole layers and runs it)")
         how = f"--quantization {quantization}" if quantization else "--dtype auto on a GGUF file"
         raise ValueError(f"--tensor-parallel-size {tp_size} shards dense weights only, and {how} keeps them in "
@@ -81,8 +80,8 @@ def load_model_shard(model: str | None, dtype: str, quantization: str | None, ra
         config = hf_loader.config_from_hf(source.path, plan.dtype, generation_config)
         # Lazy: a stage never reads another stage's layers, a TP rank reads only its slices.
         weights = hf_loader.lazy_weights_from_safetensors(hf_loader.safetensors_files(source.path))
-        if plan.int4 is not None:  # GPTQ / AWQ (pipeline stages only: tensor parallelism refuses them above)
-            weights = int4_weights(weights, plan.int4, source.path)
+        if plan.prequantized is not None:  # GPTQ / AWQ / compressed-tensors (pipeline stages only: tensor
+            weights = plan.prequantized.convert(weights, source.path)  # parallelism refuses them above)
     check_layout(config, rank.layout)
     timer.lap("metadata")
     if load_tokenizer:

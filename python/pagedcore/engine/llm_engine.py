@@ -73,7 +73,7 @@ class LLMEngine:
         if config.device != "cpu" and loaded.weight_format in QUANT_LINEAR_METHODS:
             raise ValueError(f"the model's linear layers are kept quantized ({loaded.weight_format}), and those "
                              f"kernels run on the CPU only; use --device cpu (a GGUF can be dequantised for the "
-                             f"GPU with --dtype float32; GPTQ / AWQ checkpoints run on the CPU)")
+                             f"GPU with --dtype float32; GPTQ / AWQ / compressed-tensors checkpoints run on the CPU)")
         self.loaded = loaded
         self.model_config = mc = loaded.config
         # "auto" -> the model's activation dtype; the KV cache's too, but for blocks as stored in this process

@@ -16,8 +16,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "means float32 (docs/quantization.md)")
     g.add_argument("--quantization", "-q", default=None,
                    help="gguf (a .gguf file's blocks as stored; what auto does), int8_per_channel (a dense "
-                        "checkpoint quantized to int8 at load, W8A8), gptq / awq (an HF folder of 4-bit GPTQ / AWQ "
-                        "weights, also found from its config.json when unset); see docs/quantization.md")
+                        "checkpoint quantized to int8 at load, W8A8), gptq / awq / compressed-tensors (an HF "
+                        "folder stored quantized, also found from its config.json when unset); see "
+                        "docs/quantization.md")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: the model's context length, at most 8192)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")

@@ -53,10 +53,10 @@ class QuantPart:
 
 
 class QuantLinearMethod(LinearMethod):
-    """Quantized weights, kept so. format "gguf" (and "gptq" / "awq"): each checkpoint tensor keeps the block
-    format it comes in (GGUFWeight.block_format; Int4Weight's Q4_0 / Q4_1); "int8_per_channel": float
-    checkpoint tensors are quantized per output row at load (vLLM-style online quantization of a dense
-    checkpoint)."""
+    """Quantized weights, kept so. format "gguf" (and "gptq" / "awq" / "compressed-tensors"): each checkpoint
+    tensor keeps the format it comes in (GGUFWeight.block_format; a GroupedIntWeight's Q4_0 / Q4_1 / Q8_0; a
+    ChannelInt8Weight's int8 rows); "int8_per_channel": float checkpoint tensors are quantized per output
+    row at load (vLLM-style online quantization of a dense checkpoint)."""
 
     def __init__(self, format: str, quantize_dense_to: str | None = None):
         self.format = format
@@ -69,7 +69,7 @@ class QuantLinearMethod(LinearMethod):
         layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=torch.float32), requires_grad=False)
                       if bias else None)  # [out], fp32 like the activations
         layer.quant_parts = []  # list[QuantPart], sorted by row_start, covering the rows loaded so far
-        # An act-order GPTQ layer's input order (loader/int4_checkpoint.py): int64 [in], x[:, input_perm]
+        # An act-order GPTQ layer's input order (loader/integer_weight.py): int64 [in], x[:, input_perm]
         # is what its blocks multiply; None: inputs as they come.
         layer.input_perm = None
 
@@ -100,6 +100,9 @@ class QuantLinearMethod(LinearMethod):
         block_format = getattr(loaded, "block_format", None)
         if block_format is not None:  # GGUF blocks, kept as stored
             return QuantPart(block_format, start, num_rows, loaded.block_rows())
+        if hasattr(loaded, "int8_rows"):  # a checkpoint's int8 rows and their scales (W8A8), as stored
+            values, scales = loaded.int8_rows()  # int8 [rows, in], fp32 [rows]
+            return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
         if self.quantize_dense_to == INT8_PER_CHANNEL:
@@ -131,7 +134,7 @@ class QuantLinearMethod(LinearMethod):
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """A GPTQ / AWQ layer that is one float tensor becomes a dense layer (_become_dense). Otherwise
+        """A GPTQ / AWQ / compressed-tensors layer that is one float tensor becomes a dense layer (_become_dense). Otherwise
         repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
         the x16 layout where this CPU has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x
         the ggml layout's rate at 128 rows and 1.6x at one row on Zen 5, the k-quants 5x at one
@@ -262,10 +265,11 @@ def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul:
     return kernel
 
 
-# Methods whose layers keep a checkpoint's blocks as loaded: a GGUF's, or the Q4 blocks a GPTQ / AWQ
-# checkpoint becomes at load (loader/int4_checkpoint.py).
-BLOCK_METHODS = ("gguf", "gptq", "awq")
-HF_BLOCK_METHODS = ("gptq", "awq")  # their float tensors are layers left unquantized: run as dense layers
+# Methods whose layers keep a checkpoint's quantized weights as loaded: a GGUF's blocks, or the blocks and
+# int8 rows a GPTQ / AWQ / compressed-tensors checkpoint becomes at load (loader/integer_weight.py).
+# An HF checkpoint's float tensors are layers it left unquantized (an untied lm_head, `ignore`): run as dense.
+HF_BLOCK_METHODS = ("gptq", "awq", "compressed-tensors")
+BLOCK_METHODS = ("gguf", *HF_BLOCK_METHODS)
 QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {
     **{name: QuantLinearMethod(name) for name in BLOCK_METHODS},
     INT8_PER_CHANNEL: QuantLinearMethod(INT8_PER_CHANNEL, quantize_dense_to=INT8_PER_CHANNEL),

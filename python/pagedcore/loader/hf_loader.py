@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.int4_checkpoint import int4_scheme
+from pagedcore.loader.quantization import prequantized_scheme
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.registry import MODEL_CLASSES
 
@@ -63,7 +63,7 @@ def config_from_hf(folder: str, dtype: str, generation_config: dict[str, Any]) -
     if architecture not in MODEL_CLASSES:
         raise ModelLoadError(f"{path} declares architecture {architecture!r}; pagedcore runs "
                              f"{sorted(MODEL_CLASSES)}")
-    int4_scheme(raw.get("quantization_config"), path)  # refuses pre-quantized formats other than 4-bit GPTQ / AWQ
+    prequantized_scheme(raw.get("quantization_config"), path)  # refuses pre-quantized formats it cannot run
     if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
         raise ModelLoadError(f"{path}: hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias')}; "
                              "pagedcore's Llama family needs silu and no MLP bias")
@@ -151,6 +151,7 @@ class SafetensorsWeight:
         self._handle = handle  # safe_open(...) of the shard file, open while the weights are consumed
         self._name = name
         self.shape = tuple(handle.get_slice(name).get_shape())
+        self.dtype_name = handle.get_slice(name).get_dtype()  # safetensors' name: "F32", "BF16", "I8", ...
 
     def load_into(self, out: torch.Tensor) -> None:
         out.copy_(self._handle.get_tensor(self._name))

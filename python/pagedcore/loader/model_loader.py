@@ -16,7 +16,6 @@ from pagedcore.layers.linear import linear_method
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_file import GGUFFile
-from pagedcore.loader.int4_checkpoint import int4_weights
 from pagedcore.loader.quantization import WeightPlan, plan_weights
 from pagedcore.loader.source import ModelSource, resolve_source
 from pagedcore.loader.tokenizer import tokenizer_from_folder, tokenizer_from_gguf
@@ -50,7 +49,8 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     """model: None (the bundled SmolLM2-135M-Instruct GGUF), a .gguf file, or an HF folder.
     dtype: "auto" (a GGUF keeps its quantized blocks with fp32 activations; an HF folder is float32),
     "float32" or "bfloat16" (a GGUF is dequantised to it). quantization: None, "gguf" (= auto on a
-    GGUF), "int8_per_channel", or "gptq" / "awq" (= None on such a checkpoint; see loader/quantization.py).
+    GGUF), "int8_per_channel", or "gptq" / "awq" / "compressed-tensors" (= None on such a checkpoint; see
+    loader/quantization.py).
     Weights are converted once, here. Raises ModelLoadError with what was found and what is supported."""
     if isinstance(dtype, torch.dtype) or dtype != "auto":
         dtype = dtype_name(dtype)
@@ -89,8 +89,8 @@ def _load_hf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> Loa
     tokenizer = tokenizer_from_folder(source.path) if load_tokenizer else None
     timer.lap("tokenizer")
     weights = hf_loader.weights_from_safetensors(shards)
-    if plan.int4 is not None:  # GPTQ / AWQ: each layer's packed tensors become one weight of Q4 blocks
-        weights = int4_weights(weights, plan.int4, source.path)
+    if plan.prequantized is not None:  # GPTQ / AWQ / compressed-tensors: each layer's packed tensors become one
+        weights = plan.prequantized.convert(weights, source.path)  # integer weight (loader/integer_weight.py)
     model = build_model(config, plan.weight_format, weights)
     timer.lap("weights")
     chat_template = getattr(tokenizer, "chat_template", None) or hf_loader.read_chat_template(source.path)

@@ -7,13 +7,15 @@
     HF      auto|float32   None               float32                               float32
     HF      bfloat16       None               bfloat16                              bfloat16
     any     auto|float32   int8_per_channel   int8 per output row, quantized here   float32 (W8A8)
-    HF GPTQ auto|float32   None | gptq        Q4_0 / Q4_1 blocks (int4_checkpoint.py)  float32
-    HF AWQ  auto|float32   None | awq         Q4_1 blocks (int4_checkpoint.py)         float32
+    HF GPTQ auto|float32   None | gptq        Q4_0 / Q4_1 / Q8_0 blocks (gptq_awq_checkpoint.py)  float32
+    HF AWQ  auto|float32   None | awq         Q4_1 blocks (gptq_awq_checkpoint.py)                 float32
+    HF c-t  auto|float32   None | compressed-tensors   int8 per channel (W8A8) or Q4_0 / Q4_1 / Q8_0
+                                                  blocks (compressed_tensors_checkpoint.py)         float32
 
 An HF folder's quantization_config decides (as in vLLM, --quantization may be left unset or name the
 checkpoint's method). Refused: bfloat16 with kept quantized weights (the quantized kernels take fp32
-activations), `gguf` on an HF folder, gptq / awq on another kind of checkpoint, other pre-quantized
-checkpoints and variants (int4_checkpoint.py says which), unknown names.
+activations), `gguf` on an HF folder, gptq / awq / compressed-tensors on another kind of checkpoint, other
+pre-quantized checkpoints and variants (the checkpoint modules say which), unknown names.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import os
 
 from pagedcore.config import quantization_error
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.int4_checkpoint import INT4_METHODS, Int4Scheme, int4_scheme
+from pagedcore.loader.compressed_tensors_checkpoint import (METHOD as COMPRESSED_TENSORS, CompressedTensorsScheme,
+                                                           compressed_tensors_scheme)
+from pagedcore.loader.gptq_awq_checkpoint import GPTQ_AWQ_METHODS, GptqAwqScheme, gptq_awq_scheme
 from pagedcore.loader.source import ModelSource
 from pagedcore.model_config import dtype_name
 
@@ -33,7 +37,12 @@ class WeightPlan:
     dtype: str  # the model's activation (and non-linear weight) dtype: "float32" | "bfloat16"
     weight_format: str  # the LINEAR_METHODS name of the linear layers
     keep_blocks: bool  # a GGUF's quantized tensors stay blocks (linears and the embedding)
-    int4: Int4Scheme | None = None  # an HF GPTQ / AWQ checkpoint: its layers become Q4 blocks at load
+    # An HF checkpoint stored quantized (GPTQ, AWQ, compressed-tensors): scheme.convert(weights, path) turns
+    # its layers' packed tensors into the integer weights the kernels hold (loader/integer_weight.py).
+    prequantized: GptqAwqScheme | CompressedTensorsScheme | None = None
+
+
+PREQUANTIZED_METHODS = (*GPTQ_AWQ_METHODS, COMPRESSED_TENSORS)
 
 
 def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> WeightPlan:
@@ -42,18 +51,18 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
     if dtype != "auto":
         dtype = dtype_name(dtype)
     source_format = source.format
-    int4 = checkpoint_int4_scheme(source)
-    if int4 is not None:
-        if quantization not in (None, int4.method):
-            raise ModelLoadError(f"{source.path} is a {int4.method.upper()} checkpoint; --quantization "
+    scheme = checkpoint_scheme(source)
+    if scheme is not None:
+        if quantization not in (None, scheme.method):
+            raise ModelLoadError(f"{source.path} is a {scheme.method} checkpoint; --quantization "
                                  f"{quantization} does not apply to it: leave --quantization unset (or pass "
-                                 f"{int4.method})")
+                                 f"{scheme.method})")
         if dtype == "bfloat16":
-            raise ModelLoadError(f"{source.path} is a {int4.method.upper()} checkpoint, run on the Q4 block "
-                                 "kernels with float32 activations; use --dtype auto (or float32)")
-        return WeightPlan("float32", int4.method, keep_blocks=True, int4=int4)
-    if quantization in INT4_METHODS:
-        raise ModelLoadError(f"--quantization {quantization} loads an HF folder of {quantization.upper()} weights "
+            raise ModelLoadError(f"{source.path} is a {scheme.method} checkpoint, run on the quantized kernels "
+                                 "with float32 activations; use --dtype auto (or float32)")
+        return WeightPlan("float32", scheme.method, keep_blocks=True, prequantized=scheme)
+    if quantization in PREQUANTIZED_METHODS:
+        raise ModelLoadError(f"--quantization {quantization} loads an HF folder stored in that format "
                              f"(config.json with a quantization_config whose quant_method is {quantization!r}); "
                              f"{source.path} is not one: leave --quantization unset for it")
     if quantization is not None:
@@ -76,9 +85,8 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
     return WeightPlan(dense, dense, keep_blocks=False)
 
 
-def checkpoint_int4_scheme(source: ModelSource) -> Int4Scheme | None:
-    """The GPTQ / AWQ scheme of an HF folder's config.json (None: a GGUF, or no quantization_config);
-    other pre-quantized checkpoints are refused by name rather than failing on their tensors."""
+def checkpoint_scheme(source: ModelSource) -> GptqAwqScheme | CompressedTensorsScheme | None:
+    """The scheme of an HF folder's config.json quantization_config (None: a GGUF, or none)."""
     if source.format != "hf":
         return None
     from pagedcore.loader.hf_loader import read_json
@@ -86,4 +94,21 @@ def checkpoint_int4_scheme(source: ModelSource) -> Int4Scheme | None:
     path = os.path.join(source.path, "config.json")
     if not os.path.isfile(path):
         return None  # config_from_hf reports the missing file
-    return int4_scheme(read_json(path).get("quantization_config"), path)
+    return prequantized_scheme(read_json(path).get("quantization_config"), path)
+
+
+def prequantized_scheme(quantization_config: dict | None, path: str) -> GptqAwqScheme | CompressedTensorsScheme | None:
+    """The scheme of a quantization_config (None when there is none); other pre-quantized methods are
+    refused by name, with what is supported, rather than failing on their tensors."""
+    if not quantization_config:
+        return None
+    method = str(quantization_config.get("quant_method", "unknown")).lower()
+    if method in GPTQ_AWQ_METHODS:
+        return gptq_awq_scheme(quantization_config, path)
+    if method == COMPRESSED_TENSORS:
+        return compressed_tensors_scheme(quantization_config, path)
+    raise ModelLoadError(f"{path} is a pre-quantized {method!r} checkpoint; pagedcore loads GPTQ (4 and 8 bits), "
+                         "AWQ (4 bits) and compressed-tensors int8 / int4 checkpoints, serves GGUF files as "
+                         "stored (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and quantizes dense checkpoints at load "
+                         "with --quantization int8_per_channel: use the model's GGUF, such a checkpoint or its "
+                         "unquantized weights")

@@ -1,11 +1,11 @@
 """Tiny GPTQ and AWQ checkpoints written here, from a tiny HF model's weights: each linear layer of the
-decoder quantized to 4 bits per group of inputs and packed the way AutoGPTQ / AutoAWQ save it, with the
-quantization_config they write. The packing below is written independently of the loader's unpacking
-(nibble by nibble, from the formats' definitions), so a mistake in either shows. Test-only.
+decoder quantized to 4 (GPTQ: or 8) bits per group of inputs and packed the way AutoGPTQ / AutoAWQ save it,
+with the quantization_config they write. The packing below is written independently of the loader's
+unpacking (field by field, from the formats' definitions), so a mistake in either shows. Test-only.
 
-    GPTQ  qweight int32 [K/8, N]: bits 4j.. of [i, n] = q[8i + j, n];  qzeros int32 [G, N/8]: bits 4j.. of
-          [g, c] = zero[g, 8c + j] - 1 (checkpoint_format "gptq"; "gptq_v2": the zero);  scales fp16 [G, N];
-          g_idx int32 [K]
+    GPTQ  b bits, p = 32 / b a word: qweight int32 [K/p, N]: bits bj.. of [i, n] = q[p i + j, n];
+          qzeros int32 [G, N/p]: bits bj.. of [g, c] = zero[g, p c + j] - 1 (checkpoint_format "gptq";
+          "gptq_v2": the zero);  scales fp16 [G, N];  g_idx int32 [K]
     AWQ   qweight int32 [K, N/8]: bits 4i.. of [k, c] = q[k, 8c + ORDER[i]];  qzeros likewise;  scales fp16
 """
 
@@ -22,27 +22,28 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's: nibble i holds column ORDER[i] of its 8
 
 
-def quantize_groups(w: torch.Tensor, group_size: int, sym: bool):
-    """w fp32 [N, K] -> (q int64 [N, K] in 0..15, zeros int64 [N, G], scales fp16 [N, G]) with groups of
-    group_size inputs: sym, zero 8 and scale max|w| / 7; else min..max over 0..15 with an integer zero in
-    1..15 (GPTQ's zero - 1 storage cannot hold 0)."""
+def quantize_groups(w: torch.Tensor, group_size: int, sym: bool, bits: int = 4):
+    """w fp32 [N, K] -> (q int64 [N, K] in 0..2^b-1, zeros int64 [N, G], scales fp16 [N, G]) with groups of
+    group_size inputs: sym, zero 2^(b-1) and scale max|w| / (2^(b-1) - 1); else min..max over 0..2^b-1 with an
+    integer zero in 1..2^b-1 (GPTQ's zero - 1 storage cannot hold 0)."""
     N, K = w.shape
+    top = (1 << bits) - 1
     groups = w.reshape(N, K // group_size, group_size)
     if sym:
-        scales = (groups.abs().amax(-1) / 7).clamp_min(1e-4).half()
-        zeros = torch.full(scales.shape, 8, dtype=torch.int64)
+        scales = (groups.abs().amax(-1) / (top // 2)).clamp_min(1e-4).half()
+        zeros = torch.full(scales.shape, 1 << (bits - 1), dtype=torch.int64)
     else:
         lo, hi = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
-        scales = ((hi - lo) / 15).clamp_min(1e-4).half()
-        zeros = torch.round(-lo / scales.float()).clamp(1, 15).to(torch.int64)
-    q = torch.round(groups / scales.float()[..., None] + zeros[..., None]).clamp(0, 15).to(torch.int64)
+        scales = ((hi - lo) / top).clamp_min(1e-4).half()
+        zeros = torch.round(-lo / scales.float()).clamp(1, top).to(torch.int64)
+    q = torch.round(groups / scales.float()[..., None] + zeros[..., None]).clamp(0, top).to(torch.int64)
     return q.reshape(N, K), zeros, scales
 
 
-def quantize_act_order(w: torch.Tensor, group_size: int, sym: bool, perm: torch.Tensor):
+def quantize_act_order(w: torch.Tensor, group_size: int, sym: bool, perm: torch.Tensor, bits: int = 4):
     """GPTQ with desc_act=True: inputs are quantized in the order perm (perm[i] is the i-th input taken), the
     i-th taken falling in group i // group_size. Returns (q [N, K] in input order, zeros, scales, g_idx [K])."""
-    q_taken, zeros, scales = quantize_groups(w[:, perm], group_size, sym)
+    q_taken, zeros, scales = quantize_groups(w[:, perm], group_size, sym, bits)
     q = torch.empty_like(q_taken)
     q[:, perm] = q_taken
     g_idx = torch.empty(w.shape[1], dtype=torch.int64)
@@ -56,22 +57,26 @@ def dequantized(q, zeros, scales, group_size, g_idx=None) -> torch.Tensor:
     return scales.double()[:, group] * (q.double() - zeros.double()[:, group])
 
 
-def _pack(values: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
-    """int64 [rows, 8 c] of nibbles -> int32 [rows, c]: nibble i of each int32 = values[:, 8c + order[i]]."""
+def _pack(values: torch.Tensor, order=None, bits: int = 4) -> torch.Tensor:
+    """int64 [rows, p c] of b-bit fields (p = 32 / b) -> int32 [rows, c]: field i of each int32 =
+    values[:, p c + order[i]]."""
     rows, cols = values.shape
-    packed = torch.zeros(rows, cols // 8, dtype=torch.int64)
-    for i, column in enumerate(order):
-        packed |= values[:, column::8] << (4 * i)
+    per_word = 32 // bits
+    packed = torch.zeros(rows, cols // per_word, dtype=torch.int64)
+    for i, column in enumerate(order or range(per_word)):
+        packed |= values[:, column::per_word] << (bits * i)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the int32 bit pattern
 
 
-def pack_gptq(q, zeros, scales, group_size: int, zero_minus_one: bool = True, g_idx=None) -> dict[str, torch.Tensor]:
-    """q [N, K], zeros [N, G], scales [N, G] -> AutoGPTQ's tensors (qweight: 8 consecutive inputs of one
-    output in each int32, [K/8, N])."""
-    stored_zeros = (zeros - 1) & 15 if zero_minus_one else zeros  # AutoGPTQ: zero - 1, in 4 bits
+def pack_gptq(q, zeros, scales, group_size: int, zero_minus_one: bool = True, g_idx=None,
+              bits: int = 4) -> dict[str, torch.Tensor]:
+    """q [N, K], zeros [N, G], scales [N, G] -> AutoGPTQ's tensors (qweight: 32 / b consecutive inputs of one
+    output in each int32, [K b / 32, N])."""
+    stored_zeros = (zeros - 1) & ((1 << bits) - 1) if zero_minus_one else zeros  # AutoGPTQ: zero - 1, in b bits
     if g_idx is None:
         g_idx = torch.arange(q.shape[1]) // group_size
-    return {"qweight": _pack(q.contiguous()).t().contiguous(), "qzeros": _pack(stored_zeros.t().contiguous()),
+    return {"qweight": _pack(q.contiguous(), bits=bits).t().contiguous(),
+            "qzeros": _pack(stored_zeros.t().contiguous(), bits=bits),
             "scales": scales.t().contiguous(), "g_idx": g_idx.to(torch.int32)}
 
 
@@ -80,9 +85,10 @@ def pack_awq(q, zeros, scales) -> dict[str, torch.Tensor]:
             "scales": scales.t().contiguous()}
 
 
-def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int = 64, sym: bool = True,
-                      checkpoint_format: str = "gptq", act_order: bool = False):
-    """An HF folder of `kind` (tiny_models) whose decoder linears are `method` ("gptq" | "awq") 4-bit weights.
+def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: int = 64, sym: bool = True,
+                      checkpoint_format: str = "gptq", act_order: bool = False, bits: int = 4):
+    """An HF folder of `kind` (tiny_models) whose decoder linears are `method` ("gptq" | "awq") weights of
+    `bits` bits (AWQ: 4).
     act_order (GPTQ): each layer's inputs taken in a random order, one order for the linears that share an
     input (q/k/v, gate/up), as GPTQ's Hessian order is. Returns (folder, dense reference model): the HF model
     whose linears hold the dequantised weights."""
@@ -103,10 +109,10 @@ def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int 
                                 "up_proj": "gate_up"}.get(prefix.rpartition(".")[2], prefix)
                 seed = sum(map(ord, prefix.rpartition(".")[0] + shared_input))
                 perm = torch.randperm(param.shape[1], generator=torch.Generator().manual_seed(seed))
-                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym, perm)
+                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym, perm, bits)
             else:
-                q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq")
-            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx)
+                q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq", bits)
+            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx, bits)
                       if method == "gptq" else pack_awq(q, zeros, scales))
             tensors.update({f"{prefix}.{leaf}": value for leaf, value in packed.items()})
             param.copy_(dequantized(q, zeros, scales, group_size, g_idx).float())  # the reference's dense weight
@@ -118,7 +124,7 @@ def write_int4_folder(folder, method: str, kind: str = "llama", group_size: int 
     with open(config_path) as f:
         config = json.load(f)
     config["quantization_config"] = (
-        {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": act_order, "sym": sym,
+        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": sym,
          "checkpoint_format": checkpoint_format} if method == "gptq" else
         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"})
     with open(config_path, "w") as f:

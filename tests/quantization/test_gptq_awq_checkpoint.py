@@ -1,7 +1,7 @@
-"""4-bit GPTQ and AWQ checkpoints (loader/int4_checkpoint.py) run on the Q4 block kernels, kept quantized:
-the blocks a layer becomes equal the checkpoint's own formula (exactly for Q4_0, within fp16's rounding of
-the minimum for Q4_1), whole runs equal the float64 oracle of the same arithmetic, the flags follow vLLM,
-and what the kernels cannot run is refused with the fix."""
+"""GPTQ and AWQ checkpoints (loader/gptq_awq_checkpoint.py) run on the block kernels, kept quantized: the
+blocks a layer becomes equal the checkpoint's own formula (exactly for Q4_0 and Q8_0, within fp16's
+rounding of the minimum for Q4_1), whole runs equal the float64 oracle of the same arithmetic, the flags
+follow vLLM, and what the kernels cannot run is refused with the fix."""
 
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ from hypothesis import strategies as st
 from pagedcore import LLM, SamplingParams
 from pagedcore.config import quantization_error
 from pagedcore.loader import ModelLoadError, load_model
-from pagedcore.loader.int4_checkpoint import Int4Scheme, Int4Weight, int4_scheme
+from pagedcore.loader.gptq_awq_checkpoint import GptqAwqScheme, gptq_awq_weight
+from pagedcore.loader.integer_weight import GroupedIntWeight
+from pagedcore.loader.quantization import prequantized_scheme
 from pagedcore.ops.quant_repack import repackable
 
 from ..models import tiny_models
 from ..models.paged_driver import PagedDriver
-from .int4_checkpoints import (dequantized, pack_awq, pack_gptq, quantize_act_order, quantize_groups,
-                               write_int4_folder)
+from .gptq_awq_checkpoints import (dequantized, pack_awq, pack_gptq, quantize_act_order, quantize_groups,
+                               write_gptq_awq_folder)
 from .test_quantized_models import PROMPT, assert_same_as_oracle
 
-GPTQ = Int4Scheme("gptq", 64, sym=True, zero_minus_one=True)
+GPTQ = GptqAwqScheme("gptq", 64, sym=True, zero_minus_one=True)
 
 
 def random_layer(N=48, K=256, group_size=64, sym=True, seed=0):
@@ -36,10 +38,10 @@ def random_layer(N=48, K=256, group_size=64, sym=True, seed=0):
     return quantize_groups(w, group_size, sym)
 
 
-def gguf_values(weight: Int4Weight) -> torch.Tensor:
+def gguf_values(weight: GroupedIntWeight) -> torch.Tensor:
     """The blocks dequantised by gguf's reference code: fp64 [N, K]."""
     blocks = weight.block_rows()
-    kind = {"q4_0": T.Q4_0, "q4_1": T.Q4_1}[weight.block_format]
+    kind = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0}[weight.block_format]
     return torch.from_numpy(gguf_quants.dequantize(blocks.numpy(), kind).reshape(weight.shape)).double()
 
 
@@ -47,7 +49,7 @@ def gguf_values(weight: Int4Weight) -> torch.Tensor:
 def test_symmetric_gptq_becomes_q4_0_exactly(zero_minus_one):
     q, zeros, scales = random_layer(sym=True)
     packed = pack_gptq(q, zeros, scales, 64, zero_minus_one)
-    weight = Int4Weight("l", Int4Scheme("gptq", 64, True, zero_minus_one), packed)
+    weight = gptq_awq_weight("l", GptqAwqScheme("gptq", 64, True, zero_minus_one), packed)
     expected = dequantized(q, zeros, scales, 64)
     assert weight.shape == (48, 256) and weight.block_format == "q4_0"
     assert torch.equal(gguf_values(weight), expected)  # d = scale, w = d (q - 8): bit for bit
@@ -61,7 +63,7 @@ def test_asymmetric_layers_become_q4_1_within_fp16_rounding_of_the_minimum(metho
     # the extremes of the zero point: AWQ 0..15; GPTQ stores zero - 1 in 4 bits, so 1..16
     zeros[0, 0], zeros[1, 0] = (0, 15) if method == "awq" else (16, 1)
     packed = pack_gptq(q, zeros, scales, size) if method == "gptq" else pack_awq(q, zeros, scales)
-    weight = Int4Weight("l", Int4Scheme(method, group_size, sym=False, zero_minus_one=method == "gptq"), packed)
+    weight = gptq_awq_weight("l", GptqAwqScheme(method, group_size, sym=False, zero_minus_one=method == "gptq"), packed)
     expected = dequantized(q, zeros, scales, size)
     assert weight.block_format == "q4_1"
     assert torch.equal(weight.dequantized().double(), expected)
@@ -92,7 +94,7 @@ def test_random_layers_unpack_to_the_formula(method, sym, act_order, n_groups_of
         q, zeros, scales = quantize_groups(w, size, sym)
     packed = pack_gptq(q, zeros, scales, size, g_idx=g_idx) if method == "gptq" else pack_awq(q, zeros, scales)
     group_size = -1 if size == K and group_blocks == -1 else size
-    weight = Int4Weight("l", Int4Scheme(method, group_size, sym, zero_minus_one=method == "gptq"), packed)
+    weight = gptq_awq_weight("l", GptqAwqScheme(method, group_size, sym, zero_minus_one=method == "gptq"), packed)
     expected = dequantized(q, zeros, scales, size, g_idx)  # fp64 [N, K]
     assert torch.equal(weight.dequantized().double(), expected)
     order = torch.arange(K) if weight.input_perm is None else weight.input_perm
@@ -109,7 +111,7 @@ def test_gptq_zero_stored_as_15_is_16():
     q, zeros, scales = random_layer(sym=False, seed=2)
     packed = pack_gptq(q, zeros, scales, 64, zero_minus_one=False)  # raw zeros, read as zero - 1 below
     packed["qzeros"] = torch.full_like(packed["qzeros"], -1)  # every nibble 15
-    weight = Int4Weight("l", Int4Scheme("gptq", 64, sym=False, zero_minus_one=True), packed)
+    weight = gptq_awq_weight("l", GptqAwqScheme("gptq", 64, sym=False, zero_minus_one=True), packed)
     assert torch.equal(weight.dequantized().double(), dequantized(q, torch.full_like(zeros, 16), scales, 64))
 
 
@@ -119,7 +121,7 @@ def test_act_order_sorts_the_inputs_by_group():
     w = torch.randn(48, 256, generator=torch.Generator().manual_seed(3))
     perm = torch.randperm(256, generator=torch.Generator().manual_seed(4))
     q, zeros, scales, g_idx = quantize_act_order(w, 64, True, perm)
-    weight = Int4Weight("l", GPTQ, pack_gptq(q, zeros, scales, 64, g_idx=g_idx))
+    weight = gptq_awq_weight("l", GPTQ, pack_gptq(q, zeros, scales, 64, g_idx=g_idx))
     expected = dequantized(q, zeros, scales, 64, g_idx)
     assert torch.equal(weight.input_perm, torch.argsort(g_idx, stable=True))
     assert torch.equal(gguf_values(weight), expected[:, weight.input_perm])  # Q4_0, bit for bit
@@ -131,54 +133,98 @@ def test_act_order_groups_that_split_a_block_and_wrong_shapes_are_refused():
     packed = pack_gptq(q, zeros, scales, 64)
     uneven = torch.tensor([0] * 48 + [1] * 80 + [2] * 64 + [3] * 64)[torch.randperm(256)]  # 48 + 80: not whole blocks
     with pytest.raises(ModelLoadError, match="not multiples of 32"):
-        Int4Weight("layer", GPTQ, dict(packed, g_idx=uneven.to(torch.int32)))
+        gptq_awq_weight("layer", GPTQ, dict(packed, g_idx=uneven.to(torch.int32)))
     with pytest.raises(ModelLoadError, match="expected 256 group indices below 4"):
-        Int4Weight("layer", GPTQ, dict(packed, g_idx=torch.full((256,), 4, dtype=torch.int32)))
+        gptq_awq_weight("layer", GPTQ, dict(packed, g_idx=torch.full((256,), 4, dtype=torch.int32)))
     with pytest.raises(ModelLoadError, match="do not match"):
-        Int4Weight("layer", Int4Scheme("gptq", 128, True, True), dict(packed, g_idx=None))
+        gptq_awq_weight("layer", GptqAwqScheme("gptq", 128, True, True), dict(packed, g_idx=None))
+
+
+@pytest.mark.parametrize("zero_minus_one", [True, False], ids=["gptq", "gptq_v2"])
+def test_symmetric_8_bit_gptq_becomes_q8_0_exactly(zero_minus_one):
+    """8-bit GPTQ (4 values an int32): sym, every zero 128, is Q8_0 with d = scale and qs = q - 128, the
+    extremes 0 and 255 included (qs -128 and 127)."""
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(5))
+    q, zeros, scales = quantize_groups(w, 64, sym=True, bits=8)
+    q[0, :2] = torch.tensor([0, 255])
+    packed = pack_gptq(q, zeros, scales, 64, zero_minus_one, bits=8)
+    assert packed["qweight"].shape == (64, 48) and packed["qzeros"].shape == (4, 12)
+    weight = gptq_awq_weight("l", GptqAwqScheme("gptq", 64, True, zero_minus_one, bits=8), packed)
+    expected = dequantized(q, zeros, scales, 64)
+    assert weight.shape == (48, 256) and weight.block_format == "q8_0"
+    assert torch.equal(gguf_values(weight), expected)  # bit for bit
+    assert torch.equal(weight.dequantized().double(), expected)
+
+
+def test_8_bit_act_order_gptq_sorts_its_inputs():
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(6))
+    perm = torch.randperm(128, generator=torch.Generator().manual_seed(7))
+    q, zeros, scales, g_idx = quantize_act_order(w, 32, True, perm, bits=8)
+    weight = gptq_awq_weight("l", GptqAwqScheme("gptq", 32, True, True, bits=8),
+                             pack_gptq(q, zeros, scales, 32, g_idx=g_idx, bits=8))
+    expected = dequantized(q, zeros, scales, 32, g_idx)
+    assert weight.block_format == "q8_0" and torch.equal(weight.input_perm, torch.argsort(g_idx, stable=True))
+    assert torch.equal(gguf_values(weight), expected[:, weight.input_perm])
+    assert torch.equal(weight.dequantized().double(), expected)
+
+
+def test_asymmetric_8_bit_weights_are_refused_with_the_fix():
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(8))
+    q, zeros, scales = quantize_groups(w, 32, sym=False, bits=8)
+    with pytest.raises(ModelLoadError, match="asymmetric 8-bit weights.*sym=True"):
+        gptq_awq_weight("l", GptqAwqScheme("gptq", 32, False, True, bits=8), pack_gptq(q, zeros, scales, 32, bits=8))
 
 
 @pytest.mark.parametrize("config, match", [
-    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "bits=8"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "bits=3.*4- and 8-bit GPTQ"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": False}, "8-bit GPTQ with sym=false"),
+    ({"quant_method": "awq", "bits": 8, "group_size": 128}, "bits=8.*4-bit AWQ"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 16}, "multiple of 32"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "GEMM packing"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "zero_point"),
-    ({"quant_method": "bitsandbytes"}, "4-bit GPTQ and AWQ"),
+    ({"quant_method": "bitsandbytes"}, "pre-quantized 'bitsandbytes'.*GPTQ \\(4 and 8 bits\\)"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "checkpoint_format"),
 ])
 def test_schemes_the_kernels_cannot_run_are_refused(config, match):
     with pytest.raises(ModelLoadError, match=match):
-        int4_scheme(config, "config.json")
+        prequantized_scheme(config, "config.json")
 
 
 def test_schemes_read_from_the_config():
-    assert int4_scheme(None, "c") is None
-    assert int4_scheme({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False}, "c") == \
-        Int4Scheme("gptq", 128, sym=False, zero_minus_one=True)
-    assert int4_scheme({"quant_method": "awq", "bits": 4, "group_size": 64}, "c") == \
-        Int4Scheme("awq", 64, sym=False, zero_minus_one=False)
+    assert prequantized_scheme(None, "c") is None
+    assert prequantized_scheme({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False}, "c") == \
+        GptqAwqScheme("gptq", 128, sym=False, zero_minus_one=True)
+    assert prequantized_scheme({"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True}, "c") == \
+        GptqAwqScheme("gptq", -1, sym=True, zero_minus_one=True, bits=8)
+    assert prequantized_scheme({"quant_method": "awq", "bits": 4, "group_size": 64}, "c") == \
+        GptqAwqScheme("awq", 64, sym=False, zero_minus_one=False)
 
 
 @pytest.fixture(scope="module")
 def gptq_folder(tmp_path_factory):
-    return write_int4_folder(tmp_path_factory.mktemp("gptq"), "gptq", group_size=64, sym=True)
+    return write_gptq_awq_folder(tmp_path_factory.mktemp("gptq"), "gptq", group_size=64, sym=True)
 
 
 @pytest.fixture(scope="module")
 def awq_folder(tmp_path_factory):
-    return write_int4_folder(tmp_path_factory.mktemp("awq"), "awq", kind="qwen2", group_size=128)
+    return write_gptq_awq_folder(tmp_path_factory.mktemp("awq"), "awq", kind="qwen2", group_size=128)
 
 
-@pytest.mark.parametrize("which, file_format", [("gptq", "q4_0"), ("awq", "q4_1")])
-def test_checkpoints_stay_4_bit_and_equal_the_oracle(request, monkeypatch, which, file_format):
+@pytest.fixture(scope="module")
+def gptq8_folder(tmp_path_factory):
+    return write_gptq_awq_folder(tmp_path_factory.mktemp("gptq8"), "gptq", group_size=32, sym=True, bits=8)
+
+
+@pytest.mark.parametrize("which, file_format, bits", [("gptq", "q4_0", 4), ("awq", "q4_1", 4), ("gptq8", "q8_0", 8)])
+def test_checkpoints_stay_quantized_and_equal_the_oracle(request, monkeypatch, which, file_format, bits):
     folder, dense = request.getfixturevalue(f"{which}_folder")
     loaded = load_model(folder, load_tokenizer=False)
-    assert loaded.weight_format == which and loaded.config.dtype == "float32"
+    assert loaded.weight_format == which.rstrip("8") and loaded.config.dtype == "float32"
     qkv = loaded.model.model.layers[0].self_attn.qkv_proj
     assert qkv.method.formats(qkv) == [repackable(file_format, qkv.out_features) or file_format]
     assert loaded.weight_bytes[file_format] > 0 and "float32" in loaded.weight_bytes  # embedding, head, norms
     linear_bytes = sum(p.numel() for n, p in dense.named_parameters() if n.endswith("proj.weight")) * 4
-    assert loaded.weight_bytes[file_format] < linear_bytes / 5  # 4.5-5 bits a weight against 32
+    assert loaded.weight_bytes[file_format] <= linear_bytes * (bits + 1) / 32  # + d (and m) per 32, of 32
     assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
     assert_same_as_oracle(folder, monkeypatch, {file_format})
 
@@ -200,7 +246,7 @@ def test_an_unquantized_head_runs_as_a_dense_layer(gptq_folder):
 
 @pytest.fixture(scope="module")
 def act_order_folder(tmp_path_factory):
-    return write_int4_folder(tmp_path_factory.mktemp("act"), "gptq", group_size=32, sym=False, act_order=True)
+    return write_gptq_awq_folder(tmp_path_factory.mktemp("act"), "gptq", group_size=32, sym=False, act_order=True)
 
 
 def test_act_order_checkpoints_gather_their_inputs_and_equal_the_oracle(act_order_folder, monkeypatch):
@@ -250,7 +296,7 @@ def test_flags_follow_vllm(gptq_folder, tmp_path):
     assert quantization_error("gptq") is None and quantization_error("awq") is None
     assert "gptq / awq" in quantization_error("gptq_marlin")
     assert load_model(folder, quantization="gptq", load_tokenizer=False).weight_format == "gptq"
-    with pytest.raises(ModelLoadError, match="GPTQ checkpoint; --quantization awq"):
+    with pytest.raises(ModelLoadError, match="a gptq checkpoint; --quantization awq"):
         load_model(folder, quantization="awq", load_tokenizer=False)
     with pytest.raises(ModelLoadError, match="float32 activations"):
         load_model(folder, dtype="bfloat16", load_tokenizer=False)
