@@ -177,6 +177,12 @@ def test_the_stream_waits_for_a_layer_split_over_shards_and_passes_float_tensors
     assert out[0][1] is head and torch.equal(out[1][1].dequantized().double(), dequantized(q, scales, zp))
     with pytest.raises(ModelLoadError, match="has \\['weight_scale'\\] but not \\['weight_packed', 'weight_shape'\\]"):
         list(compressed_tensors_weights(iter(stream[:1]), scheme_of("w4a16"), "m"))
+    plain = ("a.weight_g_idx", torch.arange(256, dtype=torch.int32) // 64)  # saved without actorder "group"
+    out = list(compressed_tensors_weights(iter([plain, *stream]), scheme_of("w4a16"), "m"))
+    assert [name for name, _ in out] == ["lm_head.weight", "a.weight"] and out[1][1].input_perm is None
+    shuffled = ("a.weight_g_idx", plain[1][torch.randperm(256)])
+    with pytest.raises(ModelLoadError, match="reordering weight_g_idx.*actorder 'group'"):
+        list(compressed_tensors_weights(iter([shuffled, *stream]), scheme_of("w4a16"), "m"))
 
 
 FOLDERS = {"w8a8": ("llama", "int8_per_channel"), "w4a16": ("llama", "q4_0"), "w4a16-asym": ("qwen2", "q4_1"),
@@ -238,3 +244,34 @@ def test_the_engine_serves_one(folders):
     assert llm.llm_engine.config.kv_cache_dtype == "bfloat16"  # as for a GGUF's blocks on the CPU
     (out,) = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=6, temperature=0.0))
     assert len(out.outputs[0].token_ids) == 6
+
+
+def test_a_bf16_head_is_held_bf16_and_gives_the_same_logits_as_an_fp32_copy(tmp_path):
+    """An unquantized lm_head stored bf16 (as llm-compressor keeps a bf16 model's head) is held bf16, half
+    an fp32 copy's bytes, under the model's fp32 activations: the kernels widen it exactly, so the logits
+    equal those of the same values held fp32, bit for bit; the one-call greedy decode has its head kernel."""
+    from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS
+
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bf16_folder, dense = write_compressed_tensors_folder(tmp_path / "bf16", "w8a8", head_dtype=torch.bfloat16)
+    fp32_folder = shutil.copytree(bf16_folder, tmp_path / "fp32")  # the same head values, stored fp32
+    tensors = load_file(fp32_folder / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["lm_head.weight"].float()
+    save_file(tensors, str(fp32_folder / "model.safetensors"), metadata={"format": "pt"})
+    loaded = load_model(bf16_folder, load_tokenizer=False)
+    head = loaded.model.lm_head
+    assert head.method is BF16_WEIGHTS_FP32_ACTIVATIONS and head.weight.dtype == torch.bfloat16
+    assert torch.equal(head.weight.data.float(), dense.lm_head.weight.data)
+    assert loaded.weight_bytes["bfloat16"] == head.weight.numel() * 2
+    assert head.method.kernel_for(head, torch.float32) is not None
+    assert loaded.model.greedy_decoder() is not None, loaded.model.greedy_decode_reason
+    ours = PagedDriver(loaded.model).step([(0, PROMPT)])
+    fp32_model = load_model(str(fp32_folder), load_tokenizer=False).model
+    assert fp32_model.lm_head.weight.dtype == torch.float32
+    fp32_head = PagedDriver(fp32_model).step([(0, PROMPT)])
+    assert torch.equal(ours, fp32_head)
+    many_rows = head(torch.randn(70000, head.in_features))  # past the kernel's rows: torch widens the weight
+    assert many_rows.dtype == torch.float32 and many_rows.shape == (70000, head.out_features)

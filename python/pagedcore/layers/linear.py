@@ -141,9 +141,10 @@ class DenseLinearMethod(LinearMethod):
     layer keeps 1x the weight bytes, as without the repack (the checkpoint-layout copy is freed). A
     reload of W first turns it back into a plain parameter (load), and processing repacks it again."""
 
-    def __init__(self, format: str, dtype: torch.dtype):
+    def __init__(self, format: str, dtype: torch.dtype, x_dtypes: tuple[torch.dtype, ...] | None = None):
         self.format = format
         self.dtype = dtype
+        self.x_dtypes = x_dtypes or (dtype,)  # the activation dtypes its kernel bindings take
 
     def create_weights(self, layer: Linear, bias: bool) -> None:
         layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=self.dtype),
@@ -221,7 +222,7 @@ class DenseLinearMethod(LinearMethod):
         """(the kernel that runs this layer for x of x_dtype, the most rows it takes), or None where the
         layer's calls go elsewhere (not on the CPU, an adapter hook)."""
         packed = self._held(layer)
-        if layer.lora is not None or not layer.weight.is_cpu or x_dtype is not self.dtype:
+        if layer.lora is not None or not layer.weight.is_cpu or x_dtype not in self.x_dtypes:
             return None
         binding = layer._kernel
         kernel = binding.bound(layer.weight if packed is None else packed, layer.bias, x_dtype)
@@ -266,6 +267,9 @@ LINEAR_METHODS: dict[str, LinearMethod] = {
     "float32": DenseLinearMethod("float32", torch.float32),
     "bfloat16": DenseLinearMethod("bfloat16", torch.bfloat16),
 }
+# bf16 weights under fp32 activations: a layer a quantized HF checkpoint left unquantized in bf16 (its
+# lm_head), held as stored; the kernels widen the weights (exact), torch's path widens them per call.
+BF16_WEIGHTS_FP32_ACTIVATIONS = DenseLinearMethod("bfloat16", torch.bfloat16, x_dtypes=(torch.bfloat16, torch.float32))
 # Named so asking for one says "planned", not "unknown". The quantized formats ("gguf": GGUF blocks
 # kept per layer, "int8_per_channel") are registered at the bottom of this file (linear_quant.py).
 PLANNED_FORMATS: tuple[str, ...] = ()

@@ -45,6 +45,7 @@ class QuantPart:
     num_rows: int
     weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | fp32 [rows, in]
     scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel only
+    source_dtype: torch.dtype | None = None  # a float part's dtype in the checkpoint (it is held fp32)
     kernels: dict = dataclasses.field(default_factory=dict)  # (silu_mul, x dtype) -> QuantLinearKernel
 
     @property
@@ -105,12 +106,13 @@ class QuantLinearMethod(LinearMethod):
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
+        source_dtype = loaded.dtype if isinstance(loaded, torch.Tensor) else None
         if self.quantize_dense_to == INT8_PER_CHANNEL:
             from pagedcore.ops.quant_linear import quantize_int8_per_channel
 
             values, scales = quantize_int8_per_channel(dense)  # int8 [rows, in], fp32 [rows]
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values.contiguous(), scales.contiguous())
-        return QuantPart(_DENSE_PART, start, num_rows, dense)
+        return QuantPart(_DENSE_PART, start, num_rows, dense, source_dtype=source_dtype)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         x2 = _ordered_inputs(layer, x)  # [num_rows, in]
@@ -203,13 +205,15 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
 
 
 def _become_dense(layer: Linear, part: QuantPart) -> None:
-    """A layer that an HF GPTQ / AWQ checkpoint left unquantized (an untied lm_head, modules_to_not_convert)
-    becomes the dense float32 layer a dense checkpoint would have: the x16 kernel where the CPU has it,
-    a kernel binding for the one-call decode's head (kernel_for), the kernels' pool where nothing else
-    needs torch. Done through the dense method's own create / load / process calls."""
-    from pagedcore.layers.linear import LINEAR_METHODS
+    """A layer that an HF GPTQ / AWQ / compressed-tensors checkpoint left unquantized (an untied lm_head,
+    `ignore`, modules_to_not_convert) becomes the dense layer a dense checkpoint would have: the x16 kernel
+    where the CPU has it, a kernel binding for the one-call decode's head (kernel_for), the kernels' pool
+    where nothing else needs torch. A bf16 tensor is held bf16 (its exact values, half of fp32's bytes)
+    and multiplies the model's fp32 activations (the kernels widen it: the same sums as an fp32 copy); any
+    other dtype (fp16: no fp16 kernel) is held fp32. Done through the dense method's own calls."""
+    from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS, LINEAR_METHODS
 
-    dense = LINEAR_METHODS["float32"]
+    dense = BF16_WEIGHTS_FP32_ACTIVATIONS if part.source_dtype is torch.bfloat16 else LINEAR_METHODS["float32"]
     bias = layer.bias
     layer.method = dense
     del layer.quant_parts, layer.input_perm

@@ -200,6 +200,9 @@ def compressed_tensors_weights(weights: Iterator[tuple[str, Any]], scheme: Compr
                 raise ModelLoadError(f"{path}: {name}: static activation scales; {_SUPPORTED}")
             yield name, tensor
             continue
+        if part == "weight_g_idx" and not scheme.act_order:  # saved by some versions without actorder "group"
+            _check_plain_order(f"{path}: {name}", materialize(tensor), scheme)
+            continue
         got = pending.setdefault(prefix, {})
         got[part] = materialize(tensor)
         if needed <= got.keys():
@@ -210,6 +213,15 @@ def compressed_tensors_weights(weights: Iterator[tuple[str, Any]], scheme: Compr
             raise ModelLoadError(f"{path}: {prefix} has {sorted(got)} but not {missing}; the checkpoint is "
                                  f"incomplete or not {scheme.format} with the config's scheme")
         yield prefix + ".weight", compressed_tensors_weight(prefix, scheme, got)
+
+
+def _check_plain_order(name: str, g_idx: torch.Tensor, scheme: CompressedTensorsScheme) -> None:
+    """A weight_g_idx where the config's actorder is not "group" must be the plain order (k // group_size)."""
+    K = g_idx.numel()
+    size = scheme.group_size or K
+    if not torch.equal(g_idx.to(torch.int64).reshape(-1), torch.arange(K) // size):
+        raise ModelLoadError(f"{name}: a reordering weight_g_idx, but the config's actorder is not 'group'; "
+                             "set actorder 'group' in config.json's weights scheme (or re-save the model)")
 
 
 def _is_integer(tensor: Any) -> bool:

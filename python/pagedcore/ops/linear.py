@@ -53,10 +53,13 @@ def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """F.linear for the calls the kernel does not take (many rows). A bf16 weight on a CPU whose
     bf16 GEMM is slow is widened to fp32 for this call and the product rounded back to bf16: the
     same arithmetic as torch's bf16 GEMM (fp32 products and sums, one rounding of the output, bias
-    added before it), at MKL's fp32 rate. x [..., in] -> [..., out] of x's dtype."""
+    added before it), at MKL's fp32 rate. A weight of another dtype than x is widened to x's for the
+    call. x [..., in] -> [..., out] of x's dtype."""
     if weight.dtype is torch.bfloat16 and x.dtype is torch.bfloat16 and x.is_cpu and _slow_bf16_gemm():
         wide_bias = bias.float() if bias is not None else None
         return F.linear(x.float(), weight.float(), wide_bias).to(torch.bfloat16)
+    if weight.dtype is not x.dtype:  # bf16 weights under fp32 activations (layers/linear.py): widened, exact
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     return F.linear(x, weight, bias)
 
 
