@@ -177,8 +177,11 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
       (f == WeightFormat::kDenseBf16x16 && p.K % 2))
     return Status::invalid("embedding_rows: a " + std::string(weight_format_name(f)) + " table cannot have " +
                            std::to_string(p.num_rows) + " rows of " + std::to_string(p.K) + " values");
-  if (is_dense(f) && p.out_dtype != dense_dtype(f))
-    return Status::invalid("embedding_rows: a dense table's rows come out in its own dtype");
+  // A bf16 table may also give fp32 rows (widened, exact): a pre-quantized checkpoint's bf16 table under a
+  // model's fp32 activations is held as stored (layers/embedding.py).
+  const bool widen = is_dense(f) && dense_dtype(f) == DType::kBFloat16 && p.out_dtype == DType::kFloat32;
+  if (is_dense(f) && p.out_dtype != dense_dtype(f) && !widen)
+    return Status::invalid("embedding_rows: a dense table's rows come out in its own dtype (or fp32 from bf16)");
   if (p.num_ids == 0) return Status::ok();
   if (!p.out || !p.table || !p.ids) return Status::invalid("embedding_rows: a data pointer is null");
   for (int64_t i = 0; i < p.num_ids; ++i)
@@ -188,11 +191,16 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
   const int64_t es = p.out_dtype == DType::kFloat32 ? 4 : 2;
   auto decode_ids = [&](int64_t begin, int64_t end) {
     std::vector<float> values(blocked ? p.K : 0);  // fp32 [K] of a block row
+    std::vector<uint16_t> narrow(widen ? p.K : 0);  // bf16 [K] of a row to widen
     for (int64_t i = begin; i < end; ++i) {
       char* out = static_cast<char*>(p.out) + i * p.out_stride * es;
       if (blocked) {
         decode_block_row(p, p.ids[i], values.data());
         store_row(values.data(), p.K, out, p.out_dtype);
+      } else if (widen) {
+        copy_dense_row(p, p.ids[i], narrow.data());
+        float* dst = reinterpret_cast<float*>(out);
+        for (int64_t k = 0; k < p.K; ++k) dst[k] = bf16_to_float(narrow[k]);
       } else {
         copy_dense_row(p, p.ids[i], out);
       }

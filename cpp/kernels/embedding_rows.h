@@ -25,7 +25,7 @@ struct EmbeddingRowsParams {
   int64_t K = 0;                  // values per row (the hidden size)
   int64_t out_stride = 0;         // >= K
   WeightFormat format = WeightFormat::kDenseF32;
-  DType out_dtype = DType::kFloat32;  // dense formats: their own dtype (a lookup converts nothing)
+  DType out_dtype = DType::kFloat32;  // dense formats: their own dtype, or fp32 from bf16 (widened, exact)
 };
 
 // Whether embedding_rows decodes tables of `format`.

@@ -114,10 +114,11 @@ def quantization_config(scheme: str) -> dict:
             "ignore": ["lm_head"], "kv_cache_scheme": None, "global_compression_ratio": None}
 
 
-def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", head_dtype: torch.dtype | None = None):
-    """An HF folder of `kind` (tiny_models) whose decoder linears are stored in `scheme` (SCHEMES); head_dtype:
-    the (untied, unquantized) lm_head stored in that dtype (its values rounded to it). Returns (folder, dense
-    reference model): the HF model whose linears hold the dequantised weights (and the rounded head)."""
+def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", float_dtype: torch.dtype | None = None):
+    """An HF folder of `kind` (tiny_models) whose decoder linears are stored in `scheme` (SCHEMES); float_dtype:
+    the unquantized token embedding and lm_head stored in that dtype (their values rounded to it). Returns
+    (folder, dense reference model): the HF model whose linears hold the dequantised weights (and the rounded
+    embedding and head)."""
     from safetensors.torch import save_file
 
     fmt, bits, strategy, group_size, symmetric, _, actorder = SCHEMES[scheme]
@@ -127,9 +128,9 @@ def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", he
     with torch.no_grad():
         for name, param in model.state_dict().items():
             prefix, _, leaf = name.rpartition(".")
-            if name == "lm_head.weight" and head_dtype is not None:
-                param.copy_(param.to(head_dtype).float())  # the reference holds the rounded values
-                tensors[name] = param.to(head_dtype).contiguous()
+            if name in ("lm_head.weight", "model.embed_tokens.weight") and float_dtype is not None:
+                param.copy_(param.to(float_dtype).float())  # the reference holds the rounded values
+                tensors[name] = param.to(float_dtype).contiguous()
                 continue
             if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
                 tensors[name] = param.contiguous()

@@ -246,32 +246,47 @@ def test_the_engine_serves_one(folders):
     assert len(out.outputs[0].token_ids) == 6
 
 
-def test_a_bf16_head_is_held_bf16_and_gives_the_same_logits_as_an_fp32_copy(tmp_path):
-    """An unquantized lm_head stored bf16 (as llm-compressor keeps a bf16 model's head) is held bf16, half
-    an fp32 copy's bytes, under the model's fp32 activations: the kernels widen it exactly, so the logits
-    equal those of the same values held fp32, bit for bit; the one-call greedy decode has its head kernel."""
-    from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS
-
+@pytest.mark.parametrize("kind", ["llama", "llama_tied"])
+def test_bf16_tables_and_heads_are_held_bf16_and_give_the_logits_of_fp32_copies(tmp_path, kind):
+    """An unquantized lm_head and token table stored bf16 (as llm-compressor keeps a bf16 model's) are held
+    bf16, half an fp32 copy's bytes, under the model's fp32 activations: lookups widen rows exactly and the
+    head's kernel widens the weights, so logits equal those of the same values held fp32, bit for bit; the
+    one-call greedy decode runs (its C++ lookup widens too)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    bf16_folder, dense = write_compressed_tensors_folder(tmp_path / "bf16", "w8a8", head_dtype=torch.bfloat16)
-    fp32_folder = shutil.copytree(bf16_folder, tmp_path / "fp32")  # the same head values, stored fp32
-    tensors = load_file(fp32_folder / "model.safetensors")
-    tensors["lm_head.weight"] = tensors["lm_head.weight"].float()
+    from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS
+
+    bf16_folder, dense = write_compressed_tensors_folder(tmp_path / "bf16", "w8a8", kind, float_dtype=torch.bfloat16)
+    fp32_folder = shutil.copytree(bf16_folder, tmp_path / "fp32")  # the same values, stored fp32
+    tensors = {name: t.float() if t.dtype is torch.bfloat16 else t
+               for name, t in load_file(fp32_folder / "model.safetensors").items()}
     save_file(tensors, str(fp32_folder / "model.safetensors"), metadata={"format": "pt"})
     loaded = load_model(bf16_folder, load_tokenizer=False)
-    head = loaded.model.lm_head
-    assert head.method is BF16_WEIGHTS_FP32_ACTIVATIONS and head.weight.dtype == torch.bfloat16
-    assert torch.equal(head.weight.data.float(), dense.lm_head.weight.data)
-    assert loaded.weight_bytes["bfloat16"] == head.weight.numel() * 2
-    assert head.method.kernel_for(head, torch.float32) is not None
-    assert loaded.model.greedy_decoder() is not None, loaded.model.greedy_decode_reason
-    ours = PagedDriver(loaded.model).step([(0, PROMPT)])
+    model = loaded.model
+    embed = model.model.embed_tokens
+    assert embed.weight.dtype == torch.bfloat16 and embed.dtype == torch.float32
+    assert torch.equal(embed(torch.tensor([3, 0, 511])), dense.model.embed_tokens.weight.data[[3, 0, 511]])
+    table_bytes = embed.weight.numel() * 2
+    if kind == "llama":
+        head = model.lm_head
+        assert head.method is BF16_WEIGHTS_FP32_ACTIVATIONS and head.weight.dtype == torch.bfloat16
+        assert torch.equal(head.weight.data.float(), dense.lm_head.weight.data)
+        assert head.method.kernel_for(head, torch.float32) is not None
+        assert loaded.weight_bytes["bfloat16"] == table_bytes + head.weight.numel() * 2
+        many_rows = head(torch.randn(70000, head.in_features))  # past the kernel's rows: torch widens W
+        assert many_rows.dtype == torch.float32 and many_rows.shape == (70000, head.out_features)
+    else:
+        assert model.lm_head is None and embed.head_kernel(torch.float32) is not None
+        assert loaded.weight_bytes["bfloat16"] == table_bytes
+    assert model.greedy_decoder() is not None, model.greedy_decode_reason
     fp32_model = load_model(str(fp32_folder), load_tokenizer=False).model
-    assert fp32_model.lm_head.weight.dtype == torch.float32
-    fp32_head = PagedDriver(fp32_model).step([(0, PROMPT)])
-    assert torch.equal(ours, fp32_head)
-    many_rows = head(torch.randn(70000, head.in_features))  # past the kernel's rows: torch widens the weight
-    assert many_rows.dtype == torch.float32 and many_rows.shape == (70000, head.out_features)
+    assert fp32_model.model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(PagedDriver(model).step([(0, PROMPT)]), PagedDriver(fp32_model).step([(0, PROMPT)]))
+    llm_tokens = []
+    for folder in (bf16_folder, str(fp32_folder)):  # the one-call decode (C++ lookup and head) on both
+        (out,) = LLM(folder, max_model_len=128).generate([{"prompt_token_ids": PROMPT}],
+                                                          SamplingParams(max_tokens=8, temperature=0.0))
+        llm_tokens.append(out.outputs[0].token_ids)
+    assert llm_tokens[0] == llm_tokens[1]

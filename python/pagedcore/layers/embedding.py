@@ -30,11 +30,14 @@ from pagedcore.ops.embedding_rows import decodes, embedding_rows
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, keep_bf16: bool = False):
         super().__init__()
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.dtype = dtype  # of the looked-up rows (the activations)
+        # A pre-quantized HF checkpoint's bf16 table under fp32 activations is held bf16, as stored (half the
+        # bytes; lookups widen rows exactly, the tied head's kernel widens the weights: the same values).
+        self.keep_bf16 = keep_bf16 and dtype is torch.float32
         # Left uninitialised: the checkpoint fills it (see linear.py).
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),  # [vocab, hidden]
                                    requires_grad=False)
@@ -53,6 +56,10 @@ class VocabEmbedding(nn.Module):
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
+            if self.keep_bf16 and isinstance(loaded, torch.Tensor) and loaded.dtype is torch.bfloat16:
+                if self.weight.dtype is not torch.bfloat16:
+                    self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=torch.bfloat16), requires_grad=False)
+                    self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
             copy_weight(self.weight.data, loaded, name)
             return
         if tuple(loaded.shape) != (self.vocab_size, self.hidden_size):
@@ -70,7 +77,7 @@ class VocabEmbedding(nn.Module):
             table = self.weight.packed if type(self.weight) is X16Weight else self.weight
             return embedding_rows(table, held, input_ids, self.hidden_size, self.dtype)
         if self.block_format is None:
-            return F.embedding(input_ids, self.weight)
+            return F.embedding(input_ids, self.weight).to(self.dtype)
         from pagedcore.loader.gguf_dequant import dequantize_rows  # (the loader package imports layers)
 
         if self.block_format.endswith("x16"):  # repacked for the tied head: gather the rows' bytes back
@@ -93,7 +100,7 @@ class VocabEmbedding(nn.Module):
             self.weight = nn.Parameter(weight.plain, requires_grad=False)  # .data = t since: hold t
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
             weight = self.weight
-        if weight.is_cpu and weight.dtype is self.dtype and weight.is_contiguous():
+        if weight.is_cpu and weight.dtype in (self.dtype, torch.bfloat16) and weight.is_contiguous():
             return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(weight.dtype)
         return None
 
@@ -135,7 +142,7 @@ class VocabEmbedding(nn.Module):
         if self.block_format is not None:
             return self._blocked_head(x_dtype), QUANT_MAX_ROWS
         held = self._held_format()
-        if held is None or x_dtype is not self.weight.dtype:
+        if held is None or x_dtype not in (self.weight.dtype, self.dtype):  # (a kept bf16 table: fp32 x)
             return None
         binding = self._dense_head_binding(held)
         return binding.bound(self.weight.packed if binding.x16 else self.weight, None, x_dtype), binding.max_rows

@@ -28,6 +28,7 @@ from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_bat
 from pagedcore.layers.decoder_stack_support import StackSupport, decoder_stack_support
 from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
+from pagedcore.layers.linear_quant import HF_BLOCK_METHODS
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.greedy_decode import GreedyDecode, binding_key
@@ -130,14 +131,16 @@ class LlamaModel(nn.Module):
         super().__init__()
         dtype = config.torch_dtype
         self.shard = shard
+        # A pre-quantized HF checkpoint (GPTQ, AWQ, compressed-tensors) keeps a bf16 table as stored
+        keep_bf16 = getattr(method, "format", None) in HF_BLOCK_METHODS
         if shard is None:
-            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_bf16)
         elif not shard.has_embedding:
             self.embed_tokens = None
         elif tp_comm is not None:
             self.embed_tokens = VocabParallelEmbedding(*shard.vocab, config.hidden_size, dtype, tp_comm)
         else:
-            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_bf16)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, method, tp_comm) for _ in range(config.num_layers))
         last = shard is None or shard.is_last_stage
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if last else None

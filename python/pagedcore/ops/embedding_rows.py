@@ -39,16 +39,17 @@ def decodes(fmt: str) -> bool:
 
 def embedding_rows(table: torch.Tensor, fmt: str, ids: torch.Tensor, K: int, out_dtype: torch.dtype) -> torch.Tensor:
     """Rows `ids` (int64 [n]) of `table` held as `fmt` -> a new [n, K] tensor of out_dtype (a dense
-    table's own dtype). Raises IndexError for an id outside the table, ValueError for a table whose
+    table's own dtype, or fp32 from a bf16 one). Raises IndexError for an id outside the table, ValueError for a table whose
     bytes do not fit fmt and K."""
     if fmt not in TABLE_FORMATS:
         raise ValueError(f"no C++ decoder for {fmt!r} tables; it decodes {', '.join(TABLE_FORMATS)}")
     if not (table.is_cpu and table.is_contiguous() and ids.is_cpu and ids.dim() == 1):
         raise ValueError("embedding_rows: a contiguous CPU table and 1-D CPU ids")
     dense = _DENSE_DTYPES.get(fmt)
-    if dense is not None and (table.dtype is not dense or out_dtype is not dense):
-        raise ValueError(f"embedding_rows: a {fmt} table holds {dense} and its rows come out as {dense}, "
-                         f"not {table.dtype} -> {out_dtype}")
+    widened = dense is torch.bfloat16 and out_dtype is torch.float32  # bf16 rows widened to fp32, exactly
+    if dense is not None and (table.dtype is not dense or (out_dtype is not dense and not widened)):
+        raise ValueError(f"embedding_rows: a {fmt} table holds {dense} and its rows come out as {dense} (or "
+                         f"fp32 from bf16), not {table.dtype} -> {out_dtype}")
     if dense is None and table.dtype is not torch.uint8:
         raise ValueError(f"embedding_rows: a {fmt} table is uint8 block bytes, not {table.dtype}")
     if out_dtype not in CPU_DTYPE_CODES:
