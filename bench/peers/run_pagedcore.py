@@ -17,7 +17,8 @@ def main():
     from pagedcore import LLM, SamplingParams
     # q4_1: the GGUF's blocks as stored (dtype "auto"), the format llama.cpp runs the file in; checkpoint: a
     # pre-quantized HF folder (GPTQ, AWQ, compressed-tensors) kept quantized, also "auto".
-    llm = LLM(model=args.model, dtype="auto" if args.dtype in ("q4_1", "checkpoint") else args.dtype, max_num_seqs=args.max_num_seqs,
+    dtype = "auto" if args.dtype in ("q4_1", "checkpoint") else args.dtype
+    llm = LLM(model=args.model, dtype=dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
               num_scheduler_steps=args.num_scheduler_steps)
     startup = time.perf_counter() - t0

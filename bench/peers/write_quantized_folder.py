@@ -21,11 +21,13 @@ import os
 import shutil
 import sys
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))  # the repository root, for tests.quantization
 
 
-def write(method: str, src: str, dst: str, group_size: int) -> None:
+def write(method: str, src: str, dst: str, group_size: int, source_dtype: str | None = None) -> None:
     from safetensors.torch import load_file, save_file
 
     from tests.quantization import compressed_tensors_checkpoints as ct
@@ -37,6 +39,9 @@ def write(method: str, src: str, dst: str, group_size: int) -> None:
     for name in sorted(os.listdir(src)):
         if name.endswith(".safetensors"):
             tensors.update(load_file(os.path.join(src, name)))
+    if source_dtype:  # e.g. a bf16 copy of an fp32 conversion: bf16 scales and token table, as hub models
+        dtype = getattr(torch, source_dtype)
+        tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
     bits = 8 if method == "gptq8" else 4
     out = {}
     for name, tensor in tensors.items():
@@ -56,6 +61,8 @@ def write(method: str, src: str, dst: str, group_size: int) -> None:
     save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(dst, "config.json")) as f:
         config = json.load(f)
+    if source_dtype:
+        config["torch_dtype"] = source_dtype
     config["quantization_config"] = (
         ct.quantization_config(method[3:]) if method.startswith("ct-") else
         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
@@ -93,8 +100,10 @@ def main() -> None:
     parser.add_argument("--src", default="/tmp/smollm2-135m-hf", help="a dense HF folder")
     parser.add_argument("--group-size", type=int, default=64, help="GPTQ / AWQ (compressed-tensors: the scheme's)")
     parser.add_argument("--dense", action="store_true", help="also write OUT-dense: the weights dequantised")
+    parser.add_argument("--source-dtype", choices=["bfloat16", "float16"], default=None,
+                        help="round the source's float tensors to this dtype first (scales and tables follow)")
     args = parser.parse_args()
-    write(args.method, args.src, args.out, args.group_size)
+    write(args.method, args.src, args.out, args.group_size, args.source_dtype)
     print("wrote", args.out)
     if args.dense:
         write_dense(args.out, args.out + "-dense")

@@ -12,13 +12,10 @@ the loader's code, so a mistake in either shows. Test-only.
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
 from ..models import tiny_models
-from .gptq_awq_checkpoints import LINEARS
+from .gptq_awq_checkpoints import LINEARS, act_order_perm, replace_weights
 
 SCHEMES = {  # name -> (format, bits, strategy, group_size, symmetric, W8A8 activations, actorder)
     "w8a8": ("int-quantized", 8, "channel", None, True, True, None),
@@ -119,8 +116,6 @@ def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", fl
     the unquantized token embedding and lm_head stored in that dtype (their values rounded to it). Returns
     (folder, dense reference model): the HF model whose linears hold the dequantised weights (and the rounded
     embedding and head)."""
-    from safetensors.torch import save_file
-
     fmt, bits, strategy, group_size, symmetric, _, actorder = SCHEMES[scheme]
     model = tiny_models.build_hf_model(kind)
     tiny_models.save_hf_folder(model, folder)
@@ -135,23 +130,10 @@ def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", fl
             if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
                 tensors[name] = param.contiguous()
                 continue
-            perm = None
-            if actorder == "group":  # one order for the linears that share an input (q/k/v, gate/up)
-                shared = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gu", "up_proj": "gu"}
-                seed = sum(map(ord, prefix.rpartition(".")[0] + shared.get(prefix.rpartition(".")[2], prefix)))
-                perm = torch.randperm(param.shape[1], generator=torch.Generator().manual_seed(seed))
+            perm = act_order_perm(prefix, param.shape[1]) if actorder == "group" else None
             q, scales, zp, g_idx = quantize(param.float(), bits, strategy, group_size, symmetric, perm=perm)
             for part, value in layer_tensors(q, scales, zp, g_idx, fmt, bits, symmetric, strategy).items():
                 tensors[f"{prefix}.{part}"] = value
             param.copy_(dequantized(q, scales, zp, g_idx).float())  # the reference's dense weight
-    for name in os.listdir(folder):
-        if name.endswith(".safetensors") or name == "model.safetensors.index.json":
-            os.remove(os.path.join(folder, name))
-    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    config_path = os.path.join(folder, "config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    config["quantization_config"] = quantization_config(scheme)
-    with open(config_path, "w") as f:
-        json.dump(config, f)
+    replace_weights(folder, tensors, quantization_config(scheme))
     return str(folder), model

@@ -92,8 +92,6 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
     act_order (GPTQ): each layer's inputs taken in a random order, one order for the linears that share an
     input (q/k/v, gate/up), as GPTQ's Hessian order is. Returns (folder, dense reference model): the HF model
     whose linears hold the dequantised weights."""
-    from safetensors.torch import save_file
-
     model = tiny_models.build_hf_model(kind)
     tiny_models.save_hf_folder(model, folder)
     tensors = {}
@@ -105,17 +103,35 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
                 continue
             g_idx = None
             if act_order:
-                shared_input = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
-                                "up_proj": "gate_up"}.get(prefix.rpartition(".")[2], prefix)
-                seed = sum(map(ord, prefix.rpartition(".")[0] + shared_input))
-                perm = torch.randperm(param.shape[1], generator=torch.Generator().manual_seed(seed))
-                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym, perm, bits)
+                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym,
+                                                             act_order_perm(prefix, param.shape[1]), bits)
             else:
                 q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq", bits)
             packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx, bits)
                       if method == "gptq" else pack_awq(q, zeros, scales))
             tensors.update({f"{prefix}.{leaf}": value for leaf, value in packed.items()})
             param.copy_(dequantized(q, zeros, scales, group_size, g_idx).float())  # the reference's dense weight
+    replace_weights(folder, tensors, (
+        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": sym,
+         "checkpoint_format": checkpoint_format} if method == "gptq" else
+        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}))
+    return str(folder), model
+
+
+def act_order_perm(prefix: str, K: int) -> torch.Tensor:
+    """A layer's random act order, one for the linears that share an input (q/k/v, gate/up), as GPTQ's
+    Hessian order is: int64 [K], seeded by the layer's name."""
+    module, _, linear = prefix.rpartition(".")
+    shared = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+    seed = sum(map(ord, module + shared.get(linear, linear)))
+    return torch.randperm(K, generator=torch.Generator().manual_seed(seed))
+
+
+def replace_weights(folder, tensors: dict[str, torch.Tensor], quantization_config: dict) -> None:
+    """The HF folder's safetensors replaced by `tensors` (one file) and its config.json given the
+    quantization_config."""
+    from safetensors.torch import save_file
+
     for name in os.listdir(folder):
         if name.endswith(".safetensors") or name == "model.safetensors.index.json":
             os.remove(os.path.join(folder, name))
@@ -123,10 +139,6 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
     config_path = os.path.join(folder, "config.json")
     with open(config_path) as f:
         config = json.load(f)
-    config["quantization_config"] = (
-        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": sym,
-         "checkpoint_format": checkpoint_format} if method == "gptq" else
-        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"})
+    config["quantization_config"] = quantization_config
     with open(config_path, "w") as f:
         json.dump(config, f)
-    return str(folder), model
