@@ -115,3 +115,31 @@ def test_the_engine_serves_while_its_cache_is_committed(tiny_llama):
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf_model, p, 10) for p in prompts]
     assert llm.llm_engine.wait_for_kv_commit(timeout=300)
     assert host_memory.resident_fraction(llm.llm_engine.worker.runner.kv_cache) == 1
+
+
+def test_commits_stop_and_finish_before_the_interpreter_exits(monkeypatch):
+    """The atexit hook stops a running commit at its next chunk and waits for it: a daemon thread left
+    running into finalization is killed when it next takes the GIL, and inside torch's release of a cache's
+    last reference that aborted the process ("terminate called without an active exception")."""
+    _needs_populate()
+    real = host_memory._madvise()
+    in_chunk, release = threading.Event(), threading.Event()
+
+    def madvise(addr, length, advice):   # every chunk waits for the test to let it go
+        if length == host_memory._BACKGROUND_CHUNK_BYTES:
+            in_chunk.set()
+            release.wait(60)
+        return real(addr, length, advice)
+
+    monkeypatch.setattr(host_memory, "_madvise", lambda: madvise)
+    tensor = torch.empty(64 * 2**20, dtype=torch.uint8)       # [64 MiB]: 64 chunks
+    commit = host_memory.commit_in_background(tensor, "exiting buffer")
+    assert commit is not None and in_chunk.wait(60)
+    stopper = threading.Thread(target=host_memory._stop_at_exit)   # what atexit runs: flags, then waits
+    stopper.start()
+    while not commit._exiting:
+        stopper.join(0.01)
+    release.set()                                              # the chunk under way ends; no other starts
+    stopper.join(60)
+    assert commit.done and commit.stopped and not commit._thread.is_alive()
+    assert commit.committed_bytes == host_memory._BACKGROUND_CHUNK_BYTES

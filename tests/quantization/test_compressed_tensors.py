@@ -89,6 +89,15 @@ def test_w8a8_layers_keep_their_int8_rows_and_scales(name):
     assert torch.equal(weight.dequantized().double(), dequantized(q, scales, zp))
 
 
+def test_scales_saved_1_d_are_one_a_row_and_a_misfit_is_refused():
+    (q, scales, zp, _), tensors = random_layer("w8a8", seed=9)
+    weight = compressed_tensors_weight("l", scheme_of("w8a8"), dict(tensors, weight_scale=scales.reshape(-1)))
+    assert torch.equal(weight.int8_rows()[1], scales[:, 0].float())
+    for bad in (scales[:7, 0], scales.reshape(-1)[:5].reshape(1, 5)):
+        with pytest.raises(ModelLoadError, match="weight_scale .* does not fit the weight \\[48, 256\\]"):
+            compressed_tensors_weight("l", scheme_of("w8a8"), dict(tensors, weight_scale=bad))
+
+
 def test_act_order_layers_sort_their_inputs_by_group():
     (q, scales, zp, g_idx), tensors = random_layer("w4a16-actorder", seed=4)
     weight = compressed_tensors_weight("l", scheme_of("w4a16-actorder"), tensors)

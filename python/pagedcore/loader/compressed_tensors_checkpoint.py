@@ -137,10 +137,10 @@ def compressed_tensors_weight(name: str, scheme: CompressedTensorsScheme, parts:
     if int(q.min()) < 0 or int(q.max()) >= 2 * offset:
         raise ModelLoadError(f"{name}: values outside the {scheme.bits}-bit range the config declares")
     scales = parts["weight_scale"].to(torch.float32)
-    if scales.dim() < 2:  # tensor strategy: one scale
-        scales = scales.reshape(1, 1).expand(N, 1)
-    G = scales.shape[1]
-    if scales.shape[0] != N or K % G or (scheme.strategy == "group" and G != K // scheme.group_size):
+    if scales.dim() < 2 and scales.numel() in (1, N):  # one scale (tensor), or one a row saved 1-D
+        scales = scales.reshape(1, 1).expand(N, 1) if scales.numel() == 1 else scales.reshape(N, 1)
+    G = scales.shape[1] if scales.dim() == 2 else 0
+    if not G or scales.shape[0] != N or K % G or (scheme.strategy == "group" and G != K // scheme.group_size):
         raise ModelLoadError(f"{name}: weight_scale {tuple(parts['weight_scale'].shape)} does not fit the weight "
                              f"[{N}, {K}] with {scheme.strategy} scales (group_size {scheme.group_size})")
     if scheme.w8a8:
