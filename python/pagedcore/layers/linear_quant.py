@@ -136,8 +136,8 @@ class QuantLinearMethod(LinearMethod):
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """A GPTQ / AWQ / compressed-tensors layer that is one float tensor becomes a dense layer (_become_dense). Otherwise
-        repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
+        """A GPTQ / AWQ / compressed-tensors layer that is one float tensor becomes a dense layer
+        (_become_dense). Otherwise repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
         the x16 layout where this CPU has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x
         the ggml layout's rate at 128 rows and 1.6x at one row on Zen 5, the k-quants 5x at one
         row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
@@ -208,13 +208,14 @@ def _become_dense(layer: Linear, part: QuantPart) -> None:
     """A layer that an HF GPTQ / AWQ / compressed-tensors checkpoint left unquantized (an untied lm_head,
     `ignore`, modules_to_not_convert) becomes the dense layer a dense checkpoint would have: the x16 kernel
     where the CPU has it, a kernel binding for the one-call decode's head (kernel_for), the kernels' pool
-    where nothing else needs torch. A bf16 tensor is held bf16 (its exact values, half of fp32's bytes)
+    where nothing else needs torch. A bf16 tensor without a bias is held bf16 (its exact values, half the bytes)
     and multiplies the model's fp32 activations (the kernels widen it: the same sums as an fp32 copy); any
     other dtype (fp16: no fp16 kernel) is held fp32. Done through the dense method's own calls."""
     from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS, LINEAR_METHODS
 
-    dense = BF16_WEIGHTS_FP32_ACTIVATIONS if part.source_dtype is torch.bfloat16 else LINEAR_METHODS["float32"]
-    bias = layer.bias
+    bias = layer.bias  # (a biased layer stays fp32: its bias may not be bf16 in the checkpoint)
+    bf16 = part.source_dtype is torch.bfloat16 and bias is None
+    dense = BF16_WEIGHTS_FP32_ACTIVATIONS if bf16 else LINEAR_METHODS["float32"]
     layer.method = dense
     del layer.quant_parts, layer.input_perm
     dense.create_weights(layer, bias is not None)
