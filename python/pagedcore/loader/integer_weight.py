@@ -102,9 +102,7 @@ class ChannelInt8Weight:
         if values.dtype != torch.int8 or values.dim() != 2:
             raise ModelLoadError(f"{name}: an int8 [out, in] weight was expected, got {values.dtype} "
                                  f"{tuple(values.shape)}")
-        if scales.numel() == 1:  # one scale for the tensor: the same for every row
-            scales = scales.reshape(1).expand(N)
-        if scales.numel() != N:
+        if scales.numel() != N:  # (a tensor-strategy scale is broadcast to the rows by the caller)
             raise ModelLoadError(f"{name}: weight_scale has {scales.numel()} values for {N} output rows")
         self.shape = tuple(values.shape)
         self.input_perm = None
