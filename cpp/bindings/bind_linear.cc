@@ -34,7 +34,9 @@ void bind_linear(py::module_& m) {
       .value("Q6_KX16", kernels::WeightFormat::kQ6_Kx16)
       .value("INT8_PER_CHANNEL_X16", kernels::WeightFormat::kInt8PerChannelX16)
       .value("F32X16", kernels::WeightFormat::kDenseF32x16)
-      .value("BF16X16", kernels::WeightFormat::kDenseBf16x16);
+      .value("BF16X16", kernels::WeightFormat::kDenseBf16x16)
+      .value("DENSE_F16", kernels::WeightFormat::kDenseF16)
+      .value("F16X16", kernels::WeightFormat::kDenseF16x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,

@@ -8,6 +8,8 @@
 //   f32x16   W [N/16][K][16]        fp32; one 16-lane vector = 16 columns at one k
 //   bf16x16  W [N/16][K/2][16][2]   bf16; one 64-byte vector = 16 columns x the pair (k, k+1),
 //                                   what vdpbf16ps takes against x[m, k:k+2] broadcast as 32 bits
+//   f16x16   W [N/16][K][16]        IEEE fp16; one 32-byte load = 16 columns at one k, widened
+//                                   (F16C): f32x16's loop and sums at half the bytes
 //
 //   acc[i][v] (MR rows x NV column vectors) += x[m + i, k] * W[group, k, v lanes]     over all of K
 //
@@ -24,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/linear_kernel.h"
 
@@ -37,7 +40,7 @@ constexpr int kX16Vecs = V::kRegs >= 32 ? 3 : 2;      // column vectors per regi
 constexpr int kX16Groups = kX16Vecs / kX16VecsPerGroup;  // 3 groups (AVX-512), 1 (AVX2)
 constexpr int kX16Rows = V::kRegs >= 32 ? 8 : 6;      // rows per tile: 24 / 12 accumulators
 
-enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2 };
+enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2, kX16F16Widen = 3 };
 
 // Rows per tile of a mode: widening keeps an even and an odd vector per column vector live, so with 16
 // registers (AVX2) 6 rows would need 12 + 4 + 1 = 17 and spill; 5 rows fit (10 + 4 + 1).
@@ -51,13 +54,14 @@ template <int MR, int NG, int kMode>
 inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst, int64_t ds) {
   constexpr int NV = NG * kX16VecsPerGroup;
   const int64_t K = a.K;
-  const int64_t group_elems = K * kX16Cols;  // elements of one group (fp32 or bf16)
+  const int64_t group_elems = K * kX16Cols;  // elements of one group (fp32, bf16 or fp16)
   R acc[MR * NV];
 #pragma GCC unroll 32
   for (int q = 0; q < MR * NV; ++q) acc[q] = V::zero();
 
-  if constexpr (kMode == kX16F32) {
-    const float* w = static_cast<const float*>(a.w) + g0 * group_elems;  // [NG][K][16]
+  if constexpr (kMode == kX16F32 || kMode == kX16F16Widen) {
+    using WeightT = std::conditional_t<kMode == kX16F32, float, uint16_t>;
+    const WeightT* w = static_cast<const WeightT*>(a.w) + g0 * group_elems;  // [NG][K][16]
     const float* xr[MR];
     for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
     for (int64_t k = 0; k < K; ++k) {
@@ -65,7 +69,8 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
 #pragma GCC unroll 8
       for (int q = 0; q < NV; ++q) {
         const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
-        wv[q] = V::load(w + g * group_elems + k * kX16Cols + v * W);
+        if constexpr (kMode == kX16F32) wv[q] = V::load(w + g * group_elems + k * kX16Cols + v * W);
+        else wv[q] = V::load_f16(w + g * group_elems + k * kX16Cols + v * W);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
@@ -167,6 +172,10 @@ void block_f32x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, 
 void block_bf16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                    int64_t ds) {
   x16_block<kX16Bf16Widen>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_f16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                  int64_t ds) {
+  x16_block<kX16F16Widen>(a, m0, m1, n0, n1, dst, ds);
 }
 void block_bf16x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                        int64_t ds) {

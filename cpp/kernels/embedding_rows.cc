@@ -124,7 +124,7 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
 void copy_dense_row(const EmbeddingRowsParams& p, int64_t row, void* out) {
   const int64_t K = p.K;
   const WeightFormat f = p.format;
-  if (f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16) {
+  if (f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF16) {
     const int64_t es = f == WeightFormat::kDenseF32 ? 4 : 2;
     std::memcpy(out, static_cast<const char*>(p.table) + row * K * es, K * es);
     return;
@@ -133,6 +133,12 @@ void copy_dense_row(const EmbeddingRowsParams& p, int64_t row, void* out) {
   if (f == WeightFormat::kDenseF32x16) {  // [N/16, K, 16]
     const float* src = static_cast<const float*>(p.table) + g * K * kGroupRows + c;
     float* dst = static_cast<float*>(out);
+    for (int64_t k = 0; k < K; ++k) dst[k] = src[k * kGroupRows];
+    return;
+  }
+  if (f == WeightFormat::kDenseF16x16) {  // [N/16, K, 16] fp16
+    const uint16_t* src = static_cast<const uint16_t*>(p.table) + g * K * kGroupRows + c;
+    uint16_t* dst = static_cast<uint16_t*>(out);
     for (int64_t k = 0; k < K; ++k) dst[k] = src[k * kGroupRows];
     return;
   }
@@ -146,10 +152,16 @@ void copy_dense_row(const EmbeddingRowsParams& p, int64_t row, void* out) {
 }
 
 bool is_dense(WeightFormat f) {
-  return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF32x16 ||
-         f == WeightFormat::kDenseBf16x16;
+  return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF16 ||
+         f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
 }
+bool is_dense_x16(WeightFormat f) {
+  return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
+}
+bool is_f16(WeightFormat f) { return f == WeightFormat::kDenseF16 || f == WeightFormat::kDenseF16x16; }
 
+// The dtype a dense table's rows have as stored; an fp16 table (which no activation dtype matches) answers
+// kBFloat16, its element size, and its rows only ever widen to fp32.
 DType dense_dtype(WeightFormat f) {
   return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseF32x16 ? DType::kFloat32 : DType::kBFloat16;
 }
@@ -171,17 +183,18 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
     return Status::invalid("embedding_rows: invalid sizes (num_ids " + std::to_string(p.num_ids) + ", rows " +
                            std::to_string(p.num_rows) + ", K " + std::to_string(p.K) + ", out_stride " +
                            std::to_string(p.out_stride) + ")");
-  const bool x16 = is_x16_format(f);
+  const bool x16 = is_x16_format(f) || is_dense_x16(f);
   const bool blocked = !is_dense(f);
   if ((blocked && p.K % (is_kquant_table(f) ? kBlockK : kBlock32)) || (x16 && p.num_rows % kGroupRows) ||
       (f == WeightFormat::kDenseBf16x16 && p.K % 2))
     return Status::invalid("embedding_rows: a " + std::string(weight_format_name(f)) + " table cannot have " +
                            std::to_string(p.num_rows) + " rows of " + std::to_string(p.K) + " values");
-  // A bf16 table may also give fp32 rows (widened, exact): a pre-quantized checkpoint's bf16 table under a
-  // model's fp32 activations is held as stored (layers/embedding.py).
+  // A bf16 or fp16 table may also give fp32 rows (widened, exact): a pre-quantized checkpoint's 16-bit table
+  // under a model's fp32 activations is held as stored (layers/embedding.py). An fp16 table only widens.
   const bool widen = is_dense(f) && dense_dtype(f) == DType::kBFloat16 && p.out_dtype == DType::kFloat32;
-  if (is_dense(f) && p.out_dtype != dense_dtype(f) && !widen)
-    return Status::invalid("embedding_rows: a dense table's rows come out in its own dtype (or fp32 from bf16)");
+  if (is_dense(f) && (p.out_dtype != dense_dtype(f) || is_f16(f)) && !widen)
+    return Status::invalid("embedding_rows: a dense table's rows come out in its own dtype (or fp32 from bf16 "
+                           "or fp16)");
   if (p.num_ids == 0) return Status::ok();
   if (!p.out || !p.table || !p.ids) return Status::invalid("embedding_rows: a data pointer is null");
   for (int64_t i = 0; i < p.num_ids; ++i)
@@ -191,7 +204,7 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
   const int64_t es = p.out_dtype == DType::kFloat32 ? 4 : 2;
   auto decode_ids = [&](int64_t begin, int64_t end) {
     std::vector<float> values(blocked ? p.K : 0);  // fp32 [K] of a block row
-    std::vector<uint16_t> narrow(widen ? p.K : 0);  // bf16 [K] of a row to widen
+    std::vector<uint16_t> narrow(widen ? p.K : 0);  // bf16 / fp16 [K] of a row to widen
     for (int64_t i = begin; i < end; ++i) {
       char* out = static_cast<char*>(p.out) + i * p.out_stride * es;
       if (blocked) {
@@ -200,7 +213,10 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
       } else if (widen) {
         copy_dense_row(p, p.ids[i], narrow.data());
         float* dst = reinterpret_cast<float*>(out);
-        for (int64_t k = 0; k < p.K; ++k) dst[k] = bf16_to_float(narrow[k]);
+        if (is_f16(f))
+          for (int64_t k = 0; k < p.K; ++k) dst[k] = fp16_to_float(narrow[k]);
+        else
+          for (int64_t k = 0; k < p.K; ++k) dst[k] = bf16_to_float(narrow[k]);
       } else {
         copy_dense_row(p, p.ids[i], out);
       }

@@ -1,7 +1,7 @@
 // embedding_rows: the rows of a token-embedding table a step looks up, decoded to floats.
 //
 // The table is held as its LM head's kernel reads it (a tied head multiplies by the same bytes),
-// so a lookup decodes only the rows asked for, straight from that layout: dense rows (fp32 / bf16),
+// so a lookup decodes only the rows asked for, straight from that layout: dense rows (fp32 / bf16 / fp16),
 // their x16 repacks, and the GGUF block formats Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K in ggml rows or
 // their x16 repacks (quant_blocks.h). The values equal pagedcore.loader.gguf_dequant.dequantize_rows
 // exactly: each weight is d * q (Q4_0: d * (q - 8); Q4_1: d * q, rounded, then + m, rounded; the
@@ -25,7 +25,7 @@ struct EmbeddingRowsParams {
   int64_t K = 0;                  // values per row (the hidden size)
   int64_t out_stride = 0;         // >= K
   WeightFormat format = WeightFormat::kDenseF32;
-  DType out_dtype = DType::kFloat32;  // dense formats: their own dtype, or fp32 from bf16 (widened, exact)
+  DType out_dtype = DType::kFloat32;  // dense formats: their own dtype, or fp32 from bf16 / fp16 (widened, exact)
 };
 
 // Whether embedding_rows decodes tables of `format`.

@@ -36,10 +36,12 @@ int64_t elem_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 
 bool dense(WeightFormat f) {
-  return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF32x16 ||
-         f == WeightFormat::kDenseBf16x16;
+  return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF16 ||
+         f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
 }
-bool x16(WeightFormat f) { return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16; }
+bool x16(WeightFormat f) {
+  return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
+}
 constexpr int64_t kX16Cols = 16;  // output columns per group of the x16 layouts
 constexpr int64_t kX16TaskCols = 48;  // columns of the AVX-512 x16 register tile (dense_x16_impl.h)
 // Bytes of one weight row of K elements in a dense format (the x16 layouts hold the same bytes).
@@ -194,6 +196,8 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kDenseF32x16: return "f32x16";
     case WeightFormat::kDenseBf16x16: return "bf16x16";
     case WeightFormat::kInt8PerChannelX16: return "int8_per_channelx16";
+    case WeightFormat::kDenseF16: return "dense_f16";
+    case WeightFormat::kDenseF16x16: return "f16x16";
   }
   return "unknown";
 }

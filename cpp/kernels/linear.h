@@ -47,6 +47,11 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //                  vdpbf16ps takes them against x[m, k:k+2] broadcast.
 //   Outer-product kernels: x broadcast, no horizontal sums; a row's sums do not depend on the
 //   other rows of the call, but they are summed in another order than the checkpoint-layout kernel.
+// fp16 weights (a GPTQ / AWQ checkpoint's unquantized lm_head and token table, held as stored; x fp32):
+//   kDenseF16:     N contiguous rows of K IEEE fp16, widened to fp32 in registers (F16C): the same
+//                  sums, in the same order, as kDenseF32 on the fp32 copy.
+//   kDenseF16x16:  fp16 [N/16][K][16] (kDenseF32x16's layout at half the bytes): the same sums as
+//                  kDenseF32x16 on the fp32 copy.
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -66,8 +71,10 @@ enum class WeightFormat : int32_t {
   kDenseF32x16 = 15,
   kDenseBf16x16 = 16,
   kInt8PerChannelX16 = 17,
+  kDenseF16 = 18,
+  kDenseF16x16 = 19,
 };
-constexpr int kNumWeightFormats = 18;
+constexpr int kNumWeightFormats = 20;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);

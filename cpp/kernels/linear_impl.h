@@ -15,12 +15,15 @@
 // bf16 weights: a chunk of 2 W bf16 is one W x 32-bit load; its even elements are the load << 16
 // and its odd ones the load & 0xffff0000 (bf16 is the top half of an fp32), matched by x stored in
 // pair order (linear_kernel.h). With AVX512-BF16 and bf16 x, vdpbf16ps does pairs directly.
+// fp16 weights (kF16): a chunk of W fp16 widened by one conversion (F16C) against x in natural order,
+// otherwise kF32's loop: the same sums in the same order as the fp32 copy of the weights.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including linear_impl.h"
 #endif
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/linear_kernel.h"
 
@@ -36,20 +39,37 @@ using V = PC_VEC;
 using R = V::R;
 constexpr int W = V::W;
 
-enum Mode { kF32 = 0, kBf16Pairs = 1, kBf16Dot = 2 };
+enum Mode { kF32 = 0, kBf16Pairs = 1, kBf16Dot = 2, kF16 = 3 };
 
 // Register tiles: MR rows of x x NR rows of W. Accumulators + x registers held across the NR
 // weight rows + the weight being widened must fit the register file (16 on AVX2, 32 on AVX-512).
 // Past kMaxRows, rows are done kMaxRows at a time.
 constexpr int kMaxRows = V::kRegs >= 32 ? 4 : 3;
 constexpr int tile_cols(int mode, int rows) {
-  if (V::kRegs >= 32) return rows <= 2 ? 8 : rows == 3 ? 6 : (mode == kBf16Pairs ? 4 : 5);
+  if (V::kRegs >= 32) return rows <= 2 ? 8 : rows == 3 ? 6 : (mode == kBf16Pairs ? 4 : 5);  // (kF16: kF32's)
   if (mode == kBf16Pairs) return rows == 1 ? 8 : rows == 2 ? 4 : 3;
   return rows == 1 ? 8 : 4;
 }
 
 inline float bf16_scalar(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// IEEE fp16 -> fp32, exactly (kernel_types.h fp16_to_float's arithmetic; a copy of this unit's own).
+inline float f16_scalar(uint16_t h) {
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else {  // zero or subnormal: man * 2^-24 is exact in fp32
+    const float v = static_cast<float>(man) * 0x1p-24f;
+    return sign ? -v : v;
+  }
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
@@ -64,6 +84,7 @@ inline float x_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
 template <int kMode>
 inline float w_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
   if constexpr (kMode == kF32) return static_cast<const float*>(a.w)[row * a.K + k];
+  else if constexpr (kMode == kF16) return f16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
   else return bf16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
 }
 
@@ -80,7 +101,7 @@ constexpr int64_t kKSlice = 512;
 constexpr int64_t kKSliceMax = 768;  // up to this, K is one slice
 
 template <int kMode>
-constexpr int chunk_of() { return kMode == kF32 ? W : 2 * W; }
+constexpr int chunk_of() { return kMode == kF32 || kMode == kF16 ? W : 2 * W; }
 
 // dst[i * ds + j] (=, or += after the first slice) x[m + i, k slice] . W[n + j, k slice], i < MR, j < NR.
 template <int MR, int NR, int kMode>
@@ -98,14 +119,16 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
 #pragma GCC unroll 32
   for (int q = 0; q < kAcc; ++q) acc[q] = V::zero();
 
-  if constexpr (kMode == kF32) {
+  if constexpr (kMode == kF32 || kMode == kF16) {
+    using WeightT = std::conditional_t<kMode == kF32, float, uint16_t>;
+    constexpr int64_t kLineElems = 64 / sizeof(WeightT);
     const float* xr[MR];
-    const float* wr[NR];
+    const WeightT* wr[NR];
     for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
-    for (int j = 0; j < NR; ++j) wr[j] = static_cast<const float*>(a.w) + (n + j) * K;
+    for (int j = 0; j < NR; ++j) wr[j] = static_cast<const WeightT*>(a.w) + (n + j) * K;
     for (int64_t k = ks.k0; k < ks.k1; k += kChunk) {
       if constexpr (kPrefetch) {
-        if ((k & (kLineFloats - 1)) == 0)
+        if ((k & (kLineElems - 1)) == 0)
           for (int j = 0; j < NR; ++j) __builtin_prefetch(wr[j] + 2 * NR * K + k, 0, 1);
       }
       R xv[MR];
@@ -113,7 +136,9 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
       for (int i = 0; i < MR; ++i) xv[i] = V::load(xr[i] + k);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        const R wv = V::load(wr[j] + k);
+        R wv;
+        if constexpr (kMode == kF32) wv = V::load(wr[j] + k);
+        else wv = V::load_f16(wr[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) acc[i * NR + j] = V::fmadd(xv[i], wv, acc[i * NR + j]);
       }
@@ -289,6 +314,9 @@ void block_f32(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int
 void block_bf16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
   block<kBf16Pairs>(a, m0, m1, n0, n1, dst, ds);
 }
+void block_f16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
+  block<kF16>(a, m0, m1, n0, n1, dst, ds);
+}
 void block_bf16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                     int64_t ds) {
   block<kBf16Dot>(a, m0, m1, n0, n1, dst, ds);
@@ -335,6 +363,8 @@ const LinearIsaKernels kKernels = {
         /* kDenseBf16x16 */ {&block_bf16x16, LinearXLayout::kF32Natural,
                              V::kHasDotBf16 ? &block_bf16x16_dot : nullptr},
         {},  // kInt8PerChannelX16: quant_linear.h's
+        /* kDenseF16 */ {&block_f16, LinearXLayout::kF32Natural, nullptr},
+        /* kDenseF16x16 */ {&block_f16x16, LinearXLayout::kF32Natural, nullptr},
     },
     &epilogue,
     &read,

@@ -310,6 +310,8 @@ const QuantIsaKernels kQuantKernels = {{
     /* kDenseF32x16 */ nullptr,
     /* kDenseBf16x16 */ nullptr,
     /* kInt8PerChannelX16 */ PC_X16_I8_FN,
+    /* kDenseF16 */ nullptr,
+    /* kDenseF16x16 */ nullptr,
 }, &x_quant::quantize_rows};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN

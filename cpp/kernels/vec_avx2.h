@@ -33,6 +33,10 @@ struct VecAvx2 {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // 8 IEEE fp16 widened to fp32 (F16C; exact, subnormals included).
+  static R load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   // 8 fp8 (kernels/fp8.h) widened through fp16 (F16C), as VecAvx512::load_fp8.
   static R load_fp8(const uint8_t* p, bool e4m3) {
     const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));

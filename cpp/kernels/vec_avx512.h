@@ -38,6 +38,10 @@ struct VecAvx512 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // 16 IEEE fp16 widened to fp32 (exact, subnormals included).
+  static R load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   // 16 fp8 (kernels/fp8.h) widened through fp16: an e5m2 byte is an fp16's top byte; an e4m3 one's
   // exponent and mantissa shifted into an fp16 read 2^8 too small (bias 15, not 7). The NaN codes are
   // never written (the cache writes saturate).

@@ -8,7 +8,7 @@
 //
 // The interface, the same in every trait (R: W floats; RI: 2 W bf16; M: a lane mask):
 //   W, kRegs (vector registers of the ISA), kHasDotBf16 (dot_bf16 is the hardware's)
-//   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32)
+//   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32) load_f16 (IEEE fp16)
 //   load_bf16_pairs (2 W bf16 -> even, odd lanes) load_i dot_bf16 (vdpbf16ps)
 //   16 lanes only (attention_dot_tiles.h): zero_i, interleave_bf16 (vpunpck{l,h}wd pairs of two
 //   rows), reduce_add16 (16 vectors -> one vector of their sums)
@@ -41,6 +41,16 @@ inline float bf16_bits_to_float(uint32_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+// IEEE fp16 -> fp32, exactly (kernel_types.h fp16_to_float's arithmetic; its own copy, as every function here).
+inline float f16_bits_to_float(uint16_t h) {
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  float v;
+  if (exp == 0x1fu) v = man ? NAN : INFINITY;
+  else if (exp == 0) v = std::ldexp(static_cast<float>(man), -24);  // subnormal: man * 2^-24, exact
+  else v = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
+  return (h & 0x8000u) ? -v : v;
 }
 
 // Round to nearest even; NaN stays a quiet NaN (as kernel_types.h float_to_bf16).
@@ -81,6 +91,11 @@ struct VecGeneric {
   }
   static void store_bf16(uint16_t* p, const R& a) {
     for (int i = 0; i < W; ++i) p[i] = float_to_bf16_rne(a.v[i]);
+  }
+  static R load_f16(const uint16_t* p) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = f16_bits_to_float(p[i]);
+    return r;
   }
   static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
   static void fp8_rows_to_bf16(const uint8_t* p, uint16_t* dst, int64_t count, bool e4m3) {  // count % W == 0

@@ -1,13 +1,15 @@
 // The linear kernel against a naive double loop: every ISA this CPU runs (the AVX-512 tilings and
 // the AVX512-BF16 dot products through their portable emulations), fp32 and bf16 x / weights /
 // bias / out, K and N not multiples of the vector width, strided rows, many tasks, the SwiGLU
-// epilogue; and the launcher's error statuses (nothing written on error). norm.h: test_norm.cc.
+// epilogue; fp16 weights (rows and x16) bit for bit against their fp32 copy; and the launcher's error
+// statuses (nothing written on error). norm.h: test_norm.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "check.h"
@@ -150,6 +152,83 @@ TEST(linear_many_tasks_and_row_blocks) {
     run_case({300, 20, 100, b, b, f, b, false, LinearEpilogue::kNone, 0, 0}, isa, 10);  // parallel x conversion
     run_case({64, 200, 576, f, f, f, f, false, LinearEpilogue::kNone, 0, 0}, isa, 11);
   }
+}
+
+// Random IEEE fp16 bits: normals of magnitude ~2^-6 .. 2^2 and, one in eight, subnormals (no inf / NaN).
+uint16_t random_f16(std::mt19937& rng) {
+  const uint32_t r = rng();
+  const uint32_t exp = (r & 7u) == 0 ? 0u : 9u + (r >> 3) % 9u, man = (r >> 8) & 0x3ffu;
+  return static_cast<uint16_t>(((r >> 20) & 1u) << 15 | exp << 10 | man);
+}
+
+// W [N, K] -> the x16 layout [N/16][K][16] of any element type (f32x16 and f16x16 alike).
+template <typename T>
+std::vector<T> pack_x16(const std::vector<T>& w, int64_t N, int64_t K) {
+  std::vector<T> packed(w.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) packed[(n / 16) * K * 16 + k * 16 + n % 16] = w[n * K + k];
+  return packed;
+}
+
+// fp16 weights widen exactly: every output equals, bit for bit, the fp32 kernel's on the widened copy in the
+// same layout (checkpoint rows against dense_f32, x16 against f32x16), for every ISA, with bias and SwiGLU.
+TEST(linear_f16_weights_equal_their_fp32_copy_bit_for_bit) {
+  uint32_t seed = 500;
+  for (Isa isa : supported_isas())
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 16, 1}, {1, 48, 576}, {3, 32, 37},
+                           {5, 64, 100}, {9, 96, 70}, {40, 80, 64}, {1, 160, 1536}})
+      for (bool x16 : {false, true})
+        for (int variant = 0; variant < 2; ++variant) {  // 0: plain, fp32 out; 1: bias, SwiGLU, bf16 out
+          std::mt19937 rng(seed++);
+          std::vector<uint16_t> w16(N * K);
+          std::vector<float> w32(N * K), x(M * K), bias(N);
+          for (int64_t i = 0; i < N * K; ++i) w32[i] = fp16_to_float(w16[i] = random_f16(rng));
+          std::normal_distribution<float> normal(0.f, 1.f);
+          for (float& v : x) v = normal(rng);
+          for (float& v : bias) v = normal(rng);
+          const std::vector<uint16_t> wf16 = x16 ? pack_x16(w16, N, K) : w16;
+          const std::vector<float> wf32 = x16 ? pack_x16(w32, N, K) : w32;
+          const bool silu = variant == 1;
+          if (silu && x16 && N % 32) continue;  // x16 SwiGLU halves are whole 16-column groups
+          const int64_t cols = silu ? N / 2 : N;
+          std::vector<float> out16(M * cols, -1.f), out32(M * cols, -2.f);
+          LinearParams p;
+          p.x = x.data();
+          p.bias = silu ? bias.data() : nullptr;
+          p.M = M;
+          p.N = N;
+          p.K = K;
+          p.x_stride = K;
+          p.out_stride = cols;
+          p.out_dtype = DType::kFloat32;
+          p.epilogue = silu ? LinearEpilogue::kSiluMul : LinearEpilogue::kNone;
+          p.out = out16.data();
+          p.weight = wf16.data();
+          p.weight_format = x16 ? WeightFormat::kDenseF16x16 : WeightFormat::kDenseF16;
+          const Status st = linear(p, isa);
+          if (!st.is_ok()) throw pagedcore_test::Failure(std::string(isa_name(isa)) + ": " + st.message);
+          p.out = out32.data();
+          p.weight = wf32.data();
+          p.weight_format = x16 ? WeightFormat::kDenseF32x16 : WeightFormat::kDenseF32;
+          CHECK(linear(p, isa).is_ok());
+          for (int64_t i = 0; i < M * cols; ++i)
+            if (std::memcmp(&out16[i], &out32[i], 4) != 0)
+              throw pagedcore_test::Failure(std::string(isa_name(isa)) + (x16 ? " f16x16" : " dense_f16") + " M=" +
+                                            std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                            ": out[" + std::to_string(i) + "] = " + std::to_string(out16[i]) +
+                                            ", the fp32 copy gives " + std::to_string(out32[i]));
+          // ...and the sums are right (against a double loop, plain variant).
+          if (!silu)
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                double s = 0, a = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  s += static_cast<double>(x[m * K + k]) * w32[n * K + k];
+                  a += std::fabs(static_cast<double>(x[m * K + k]) * w32[n * K + k]);
+                }
+                CHECK(std::fabs(out16[m * N + n] - s) <= 2e-6 * a + 1e-6);
+              }
+        }
 }
 
 TEST(linear_k_zero_gives_bias) {

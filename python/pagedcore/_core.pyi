@@ -236,6 +236,17 @@ class WeightFormat(enum.Enum):
     Q4_K = 6
     Q5_K = 7
     Q6_K = 8
+    Q4_0X16 = 9
+    Q4_1X16 = 10
+    Q8_0X16 = 11
+    Q4_KX16 = 12
+    Q5_KX16 = 13
+    Q6_KX16 = 14
+    F32X16 = 15
+    BF16X16 = 16
+    INT8_PER_CHANNEL_X16 = 17
+    DENSE_F16 = 18  # IEEE fp16 weights (a held GPTQ / AWQ head or table), fp32 x
+    F16X16 = 19
 
 class LinearHandle:
     """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)

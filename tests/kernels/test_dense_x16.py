@@ -1,6 +1,6 @@
 """The dense x16 layouts (ops/dense_repack.py, cpp/kernels/dense_x16_impl.h) against a torch fp64
 reference on every kernel variant this CPU runs: M = 1 .. 130, bias, the SwiGLU epilogue, fp32 and
-bf16 activations on bf16 weights; repack/unpack lossless; a row never depends on the rows beside it
+bf16 activations on bf16 weights, fp16 weights (both layouts) bit for bit as their fp32 copy; repack/unpack lossless; a row never depends on the rows beside it
 (or on the task split); shapes the layout cannot hold are refused with the fix."""
 
 from __future__ import annotations
@@ -71,6 +71,24 @@ def test_fp32_activations_and_logits_on_bf16_weights(isa):
     logits = linear_ops.linear(x.bfloat16(), pack_x16(w), out_dtype=torch.float32, isa=isa, x16=True)
     assert logits.dtype == torch.float32
     assert_close(logits, reference(x.bfloat16(), w), x.bfloat16(), w, torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("x16", [False, True], ids=["rows", "x16"])
+def test_fp16_weights_give_their_fp32_copys_bits(isa, x16):
+    """fp16 weights (a GPTQ / AWQ head held as stored) under fp32 x: the kernel widens each weight exactly and
+    sums in the fp32 kernel's order, so the output equals the fp32 copy's bit for bit, in both layouts."""
+    gen = torch.Generator().manual_seed(11)
+    for M in ROWS:
+        N, K = 16 * int(torch.randint(1, 12, (1,), generator=gen)), int(torch.randint(1, 300, (1,), generator=gen))
+        x = torch.randn(M, K, generator=gen)
+        w = (torch.randn(N, K, generator=gen) / K ** 0.5).half()
+        w[0, 0] = 2.0 ** -20  # an fp16 subnormal
+        pack = pack_x16 if x16 else (lambda t: t)
+        got = linear_ops.linear(x, pack(w), isa=isa, x16=x16)
+        assert got.dtype == torch.float32 and torch.equal(got, linear_ops.linear(x, pack(w.float()), isa=isa, x16=x16))
+        assert_close(got, reference(x, w.float()), x, w.float(), torch.float32)
+    assert packed_shape(32, 6, torch.float16) == (2, 6, 16) and torch.equal(unpack_x16(pack_x16(w)), w)
 
 
 @pytest.mark.parametrize("isa", ISAS)

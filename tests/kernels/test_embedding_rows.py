@@ -106,12 +106,27 @@ def test_dense_rows_equal_the_table(dtype, x16):
 
 @pytest.mark.parametrize("x16", [False, True], ids=["plain", "x16"])
 def test_a_bf16_table_gives_fp32_rows_widened_exactly(x16):
-    """A pre-quantized checkpoint's bf16 table under fp32 activations (layers/embedding.py keep_bf16)."""
+    """A pre-quantized checkpoint's bf16 table under fp32 activations (layers/embedding.py keep_16bit)."""
     torch.manual_seed(1)
     W = torch.randn(64, 96).to(torch.bfloat16)
     ids = torch.tensor([63, 0, 17, 17, 40] + list(range(1, 64)) * 50)  # > one task's rows too
     got = embedding_rows(pack_x16(W) if x16 else W, "bf16x16" if x16 else "bfloat16", ids, 96, torch.float32)
     assert got.dtype == torch.float32 and torch.equal(got, W.float()[ids])
+
+
+@pytest.mark.parametrize("x16", [False, True], ids=["plain", "x16"])
+def test_an_fp16_table_gives_fp32_rows_widened_exactly(x16):
+    """A GPTQ / AWQ checkpoint's fp16 table under fp32 activations (layers/embedding.py keep_16bit): fp32 rows
+    only (fp16 is no activation dtype)."""
+    torch.manual_seed(2)
+    W = torch.randn(64, 96).half()
+    W[5, 3] = 2.0 ** -20  # a subnormal
+    ids = torch.tensor([63, 0, 5, 17, 17, 40] + list(range(1, 64)) * 50)
+    table, held = (pack_x16(W), "f16x16") if x16 else (W, "float16")
+    got = embedding_rows(table, held, ids, 96, torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, W.float()[ids])
+    with pytest.raises(ValueError, match="fp16 tables: fp32 only"):
+        embedding_rows(table, held, ids, 96, torch.bfloat16)
 
 
 def test_many_ids_run_in_parallel_tasks_and_agree():

@@ -86,9 +86,11 @@ def pack_awq(q, zeros, scales) -> dict[str, torch.Tensor]:
 
 
 def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: int = 64, sym: bool = True,
-                      checkpoint_format: str = "gptq", act_order: bool = False, bits: int = 4):
+                      checkpoint_format: str = "gptq", act_order: bool = False, bits: int = 4,
+                      float_dtype: torch.dtype | None = None):
     """An HF folder of `kind` (tiny_models) whose decoder linears are `method` ("gptq" | "awq") weights of
-    `bits` bits (AWQ: 4).
+    `bits` bits (AWQ: 4). float_dtype: the unquantized token embedding and lm_head stored in that dtype (fp16,
+    as GPTQ / AWQ checkpoints have them; the reference holds the rounded values).
     act_order (GPTQ): each layer's inputs taken in a random order, one order for the linears that share an
     input (q/k/v, gate/up), as GPTQ's Hessian order is. Returns (folder, dense reference model): the HF model
     whose linears hold the dequantised weights."""
@@ -99,7 +101,11 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
         for name, param in model.state_dict().items():
             prefix, _, leaf = name.rpartition(".")
             if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
-                tensors[name] = param.contiguous()
+                stored = param.dtype
+                if name in ("lm_head.weight", "model.embed_tokens.weight") and float_dtype is not None:
+                    param.copy_(param.to(float_dtype).float())  # the reference holds the rounded values
+                    stored = float_dtype
+                tensors[name] = param.to(stored, copy=True)  # (a copy: a tied model's head and table share memory)
                 continue
             g_idx = None
             if act_order:

@@ -30,14 +30,14 @@ from pagedcore.ops.embedding_rows import decodes, embedding_rows
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, keep_bf16: bool = False):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, keep_16bit: bool = False):
         super().__init__()
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.dtype = dtype  # of the looked-up rows (the activations)
-        # A pre-quantized HF checkpoint's bf16 table under fp32 activations is held bf16, as stored (half the
+        # A pre-quantized HF checkpoint's bf16 or fp16 table under fp32 activations is held as stored (half the
         # bytes; lookups widen rows exactly, the tied head's kernel widens the weights: the same values).
-        self.keep_bf16 = keep_bf16 and dtype is torch.float32
+        self.keep_16bit = keep_16bit and dtype is torch.float32
         # Left uninitialised: the checkpoint fills it (see linear.py).
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),  # [vocab, hidden]
                                    requires_grad=False)
@@ -56,9 +56,10 @@ class VocabEmbedding(nn.Module):
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
-            if self.keep_bf16 and isinstance(loaded, torch.Tensor) and loaded.dtype is torch.bfloat16:
-                if self.weight.dtype is not torch.bfloat16:
-                    self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=torch.bfloat16), requires_grad=False)
+            held = loaded.dtype if isinstance(loaded, torch.Tensor) else None
+            if self.keep_16bit and held in (torch.bfloat16, torch.float16):
+                if self.weight.dtype is not held:
+                    self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=held), requires_grad=False)
                     self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
             copy_weight(self.weight.data, loaded, name)
             return
@@ -89,7 +90,7 @@ class VocabEmbedding(nn.Module):
         return dequantize_rows(rows, self._ggml_type).to(self.dtype)  # [num_tokens, hidden]
 
     def _held_format(self) -> str | None:
-        """The layout the table's bytes are in (a block format, "f32x16"/"bf16x16", or the dense
+        """The layout the table's bytes are in (a block format, "f32x16"/"bf16x16"/"f16x16", or the dense
         dtype's name), or None for a table not on the CPU / of another dtype (F.embedding's)."""
         if self.block_format is not None:
             return self.block_format
@@ -100,8 +101,8 @@ class VocabEmbedding(nn.Module):
             self.weight = nn.Parameter(weight.plain, requires_grad=False)  # .data = t since: hold t
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
             weight = self.weight
-        if weight.is_cpu and weight.dtype in (self.dtype, torch.bfloat16) and weight.is_contiguous():
-            return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(weight.dtype)
+        if weight.is_cpu and weight.dtype in (self.dtype, torch.bfloat16, torch.float16) and weight.is_contiguous():
+            return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(weight.dtype)
         return None
 
     def process_weights_after_loading(self) -> None:
@@ -142,7 +143,7 @@ class VocabEmbedding(nn.Module):
         if self.block_format is not None:
             return self._blocked_head(x_dtype), QUANT_MAX_ROWS
         held = self._held_format()
-        if held is None or x_dtype not in (self.weight.dtype, self.dtype):  # (a kept bf16 table: fp32 x)
+        if held is None or x_dtype not in (self.weight.dtype, self.dtype):  # (a kept 16-bit table: fp32 x)
             return None
         binding = self._dense_head_binding(held)
         return binding.bound(self.weight.packed if binding.x16 else self.weight, None, x_dtype), binding.max_rows

@@ -267,9 +267,14 @@ LINEAR_METHODS: dict[str, LinearMethod] = {
     "float32": DenseLinearMethod("float32", torch.float32),
     "bfloat16": DenseLinearMethod("bfloat16", torch.bfloat16),
 }
-# bf16 weights under fp32 activations: a layer a quantized HF checkpoint left unquantized in bf16 (its
-# lm_head), held as stored; the kernels widen the weights (exact), torch's path widens them per call.
+# bf16 / fp16 weights under fp32 activations: a layer a quantized HF checkpoint left unquantized in bf16 or
+# fp16 (its lm_head; GPTQ and AWQ store fp16), held as stored; the kernels widen the weights (exact: the
+# sums of an fp32 copy), torch's path widens them per call.
 BF16_WEIGHTS_FP32_ACTIVATIONS = DenseLinearMethod("bfloat16", torch.bfloat16, x_dtypes=(torch.bfloat16, torch.float32))
+FP16_WEIGHTS_FP32_ACTIVATIONS = DenseLinearMethod("float16", torch.float16, x_dtypes=(torch.float32,))
+# Checkpoint dtype -> the method that holds such a layer as stored under fp32 activations.
+HELD_16BIT_METHODS: dict[torch.dtype, DenseLinearMethod] = {
+    torch.bfloat16: BF16_WEIGHTS_FP32_ACTIVATIONS, torch.float16: FP16_WEIGHTS_FP32_ACTIVATIONS}
 # Named so asking for one says "planned", not "unknown". The quantized formats ("gguf": GGUF blocks
 # kept per layer, "int8_per_channel") are registered at the bottom of this file (linear_quant.py).
 PLANNED_FORMATS: tuple[str, ...] = ()

@@ -45,7 +45,7 @@ class QuantPart:
     num_rows: int
     weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | fp32 [rows, in]
     scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel only
-    source_dtype: torch.dtype | None = None  # a float part's dtype in the checkpoint (it is held fp32)
+    source_dtype: torch.dtype | None = None  # a float part's dtype in the checkpoint (bf16 / fp16: held so, dense)
     kernels: dict = dataclasses.field(default_factory=dict)  # (silu_mul, x dtype) -> QuantLinearKernel
 
     @property
@@ -208,14 +208,14 @@ def _become_dense(layer: Linear, part: QuantPart) -> None:
     """A layer that an HF GPTQ / AWQ / compressed-tensors checkpoint left unquantized (an untied lm_head,
     `ignore`, modules_to_not_convert) becomes the dense layer a dense checkpoint would have: the x16 kernel
     where the CPU has it, a kernel binding for the one-call decode's head (kernel_for), the kernels' pool
-    where nothing else needs torch. A bf16 tensor without a bias is held bf16 (its exact values, half the bytes)
-    and multiplies the model's fp32 activations (the kernels widen it: the same sums as an fp32 copy); any
-    other dtype (fp16: no fp16 kernel) is held fp32. Done through the dense method's own calls."""
-    from pagedcore.layers.linear import BF16_WEIGHTS_FP32_ACTIVATIONS, LINEAR_METHODS
+    where nothing else needs torch. A bf16 or fp16 tensor without a bias is held as stored (its exact values,
+    half the bytes) and multiplies the model's fp32 activations (the kernels widen it: the same sums as an
+    fp32 copy); any other is held fp32. Done through the dense method's own calls."""
+    from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS
 
-    bias = layer.bias  # (a biased layer stays fp32: its bias may not be bf16 in the checkpoint)
-    bf16 = part.source_dtype is torch.bfloat16 and bias is None
-    dense = BF16_WEIGHTS_FP32_ACTIVATIONS if bf16 else LINEAR_METHODS["float32"]
+    bias = layer.bias  # (a biased layer stays fp32: its bias need not be 16-bit in the checkpoint)
+    held = HELD_16BIT_METHODS.get(part.source_dtype) if bias is None else None
+    dense = held or LINEAR_METHODS["float32"]
     layer.method = dense
     del layer.quant_parts, layer.input_perm
     dense.create_weights(layer, bias is not None)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pagedcore import _core
-from pagedcore.ops.dense_repack import X16Weight
+from pagedcore.ops.dense_repack import X16_FORMATS, X16Weight
 from pagedcore.ops import checks
 from pagedcore.ops.dtypes import CPU_CACHE_DTYPE_CODES, CPU_DTYPE_CODES
 from pagedcore.ops.embedding_rows import TABLE_FORMATS, table_rows
@@ -88,7 +88,7 @@ class GreedyDecode:
         held = embed._held_format()
         if held is None or held not in TABLE_FORMATS:
             return None, f"a token table held as {held or 'a non-CPU tensor'} (no C++ lookup)"
-        table = embed.weight.packed if held in ("f32x16", "bf16x16") else embed.weight
+        table = embed.weight.packed if held in X16_FORMATS.values() else embed.weight
         dtype = stack.dtype
         cos_sin = inner.rotary_emb.cos_sin_cache  # [max_position, head_dim]
         norm = inner.norm.weight                  # [hidden]

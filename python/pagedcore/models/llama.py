@@ -131,16 +131,16 @@ class LlamaModel(nn.Module):
         super().__init__()
         dtype = config.torch_dtype
         self.shard = shard
-        # A pre-quantized HF checkpoint (GPTQ, AWQ, compressed-tensors) keeps a bf16 table as stored
-        keep_bf16 = getattr(method, "format", None) in HF_BLOCK_METHODS
+        # A pre-quantized HF checkpoint (GPTQ, AWQ, compressed-tensors) keeps a bf16 or fp16 table as stored
+        keep_16bit = getattr(method, "format", None) in HF_BLOCK_METHODS
         if shard is None:
-            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_bf16)
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_16bit)
         elif not shard.has_embedding:
             self.embed_tokens = None
         elif tp_comm is not None:
             self.embed_tokens = VocabParallelEmbedding(*shard.vocab, config.hidden_size, dtype, tp_comm)
         else:
-            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_bf16)
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_16bit)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, method, tp_comm) for _ in range(config.num_layers))
         last = shard is None or shard.is_last_stage
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if last else None

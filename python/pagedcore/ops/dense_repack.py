@@ -1,10 +1,11 @@
-"""The dense x16 layouts of cpp/kernels/linear.h (kDenseF32x16, kDenseBf16x16): a float weight
+"""The dense x16 layouts of cpp/kernels/linear.h (kDenseF32x16, kDenseBf16x16, kDenseF16x16): a float weight
 W [N, K] re-laid once at load so that one vector holds 16 output columns, as the quantized x16
 formats do (docs/quant_kernels.md). The kernel (cpp/kernels/dense_x16_impl.h) then broadcasts x and
 never folds an accumulator horizontally:
 
     f32x16   [N/16, K, 16]        packed[g, k, c]    = W[16 g + c, k]
     bf16x16  [N/16, K/2, 16, 2]   packed[g, p, c, j] = W[16 g + c, 2 p + j]
+    f16x16   [N/16, K, 16]        packed[g, k, c]    = W[16 g + c, k]   (fp16: a held GPTQ / AWQ head)
 
 The same bytes as W, lossless both ways (unpack_x16). Shapes the layout cannot hold (N not a
 multiple of 16, K odd for bf16) stay in the checkpoint layout: x16_problem() says why.
@@ -25,8 +26,8 @@ __all__ = ["DEFAULT_ON_ISAS", "X16_FORMATS", "X16_MAX_ROWS", "X16Weight", "dense
            "pack_x16", "packed_shape", "unpack_x16", "x16_problem"]
 
 X16_COLS = 16
-# Weight dtype -> the x16 format name (the WeightFormat names F32X16, BF16X16 of the binding).
-X16_FORMATS = {torch.float32: "f32x16", torch.bfloat16: "bf16x16"}
+# Weight dtype -> the x16 format name (the WeightFormat names F32X16, BF16X16, F16X16 of the binding).
+X16_FORMATS = {torch.float32: "f32x16", torch.bfloat16: "bf16x16", torch.float16: "f16x16"}
 
 
 # Rows up to which a repacked layer (and a decoder stack of repacked layers) calls the x16 kernel:
@@ -90,7 +91,7 @@ def unpack_x16(packed: torch.Tensor) -> torch.Tensor:
     if packed.dtype is torch.bfloat16 and packed.dim() == 4:
         G, P = packed.shape[0], packed.shape[1]
         return packed.permute(0, 2, 1, 3).reshape(G * X16_COLS, 2 * P)
-    if packed.dtype is torch.float32 and packed.dim() == 3:
+    if packed.dtype in (torch.float32, torch.float16) and packed.dim() == 3:
         G, K = packed.shape[0], packed.shape[1]
         return packed.transpose(1, 2).reshape(G * X16_COLS, K)
     raise ValueError(f"not an x16 layout: shape {tuple(packed.shape)}, dtype {packed.dtype}")
@@ -108,7 +109,7 @@ class X16Weight(torch.Tensor):
     a write through a view (w[0] = ..., w.narrow(...).copy_()) lands in a temporary; write the
     whole tensor instead."""
 
-    packed: torch.Tensor | None  # the x16 layout of W: f32 [N/16, K, 16], bf16 [N/16, K/2, 16, 2]
+    packed: torch.Tensor | None  # the x16 layout of W: f32 / fp16 [N/16, K, 16], bf16 [N/16, K/2, 16, 2]
     plain: torch.Tensor | None  # after .data = t: t (any layout), packed then None
 
     @staticmethod

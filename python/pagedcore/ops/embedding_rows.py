@@ -21,6 +21,7 @@ from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 TABLE_FORMATS = {
     "float32": _core.WeightFormat.DENSE_F32, "bfloat16": _core.WeightFormat.DENSE_BF16,
     "f32x16": _core.WeightFormat.F32X16, "bf16x16": _core.WeightFormat.BF16X16,
+    "float16": _core.WeightFormat.DENSE_F16, "f16x16": _core.WeightFormat.F16X16,
     "q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
     "q8_0x16": _core.WeightFormat.Q8_0X16, "q4_0x16": _core.WeightFormat.Q4_0X16,
     "q4_1x16": _core.WeightFormat.Q4_1X16,
@@ -29,7 +30,7 @@ TABLE_FORMATS = {
     "q6_kx16": _core.WeightFormat.Q6_KX16,
 }
 _DENSE_DTYPES = {"float32": torch.float32, "f32x16": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16x16": torch.bfloat16}
+                 "bf16x16": torch.bfloat16, "float16": torch.float16, "f16x16": torch.float16}
 
 
 def decodes(fmt: str) -> bool:
@@ -39,17 +40,18 @@ def decodes(fmt: str) -> bool:
 
 def embedding_rows(table: torch.Tensor, fmt: str, ids: torch.Tensor, K: int, out_dtype: torch.dtype) -> torch.Tensor:
     """Rows `ids` (int64 [n]) of `table` held as `fmt` -> a new [n, K] tensor of out_dtype (a dense
-    table's own dtype, or fp32 from a bf16 one). Raises IndexError for an id outside the table, ValueError for a table whose
-    bytes do not fit fmt and K."""
+    table's own dtype, or fp32 from a bf16 or fp16 one: an fp16 table's only). Raises IndexError for an id
+    outside the table, ValueError for a table whose bytes do not fit fmt and K."""
     if fmt not in TABLE_FORMATS:
         raise ValueError(f"no C++ decoder for {fmt!r} tables; it decodes {', '.join(TABLE_FORMATS)}")
     if not (table.is_cpu and table.is_contiguous() and ids.is_cpu and ids.dim() == 1):
         raise ValueError("embedding_rows: a contiguous CPU table and 1-D CPU ids")
     dense = _DENSE_DTYPES.get(fmt)
-    widened = dense is torch.bfloat16 and out_dtype is torch.float32  # bf16 rows widened to fp32, exactly
-    if dense is not None and (table.dtype is not dense or (out_dtype is not dense and not widened)):
+    widened = dense in (torch.bfloat16, torch.float16) and out_dtype is torch.float32  # exact
+    if dense is not None and (table.dtype is not dense or (out_dtype is not dense and not widened)
+                              or (dense is torch.float16 and not widened)):
         raise ValueError(f"embedding_rows: a {fmt} table holds {dense} and its rows come out as {dense} (or "
-                         f"fp32 from bf16), not {table.dtype} -> {out_dtype}")
+                         f"fp32 from bf16; fp16 tables: fp32 only), not {table.dtype} -> {out_dtype}")
     if dense is None and table.dtype is not torch.uint8:
         raise ValueError(f"embedding_rows: a {fmt} table is uint8 block bytes, not {table.dtype}")
     if out_dtype not in CPU_DTYPE_CODES:

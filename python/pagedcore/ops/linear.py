@@ -24,10 +24,13 @@ from pagedcore.ops.linear_isa import isa_code
 __all__ = ["LinearKernel", "linear", "max_rows", "torch_linear"]
 
 _EPILOGUE = {"none": 0, "silu_mul": 1}
-# The dense weight format of each weight dtype (WeightFormat of cpp/kernels/linear.h).
-_WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.DENSE_F32, torch.bfloat16: _core.WeightFormat.DENSE_BF16}
+# The dense weight format of each weight dtype (WeightFormat of cpp/kernels/linear.h). fp16 is a weight dtype
+# only (a GPTQ / AWQ checkpoint's unquantized head or table, held as stored): x is fp32 (or bf16) against it.
+_WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.DENSE_F32, torch.bfloat16: _core.WeightFormat.DENSE_BF16,
+                   torch.float16: _core.WeightFormat.DENSE_F16}
 # The repacked x16 layout of each weight dtype (ops/dense_repack.py).
-_X16_WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.F32X16, torch.bfloat16: _core.WeightFormat.BF16X16}
+_X16_WEIGHT_FORMATS = {torch.float32: _core.WeightFormat.F32X16, torch.bfloat16: _core.WeightFormat.BF16X16,
+                       torch.float16: _core.WeightFormat.F16X16}
 
 # Rows up to which the layers call this kernel, and what runs above them, come from the per-ISA
 # table of pagedcore.ops.linear_dispatch (GEMM_PLANS, measured with bench/bench_linear.py
@@ -88,7 +91,8 @@ class LinearKernel:
 
     The weight must stay where it is: the layer rebuilds this object if its parameter moves
     (`matches`). x16=True: the weight is in its dtype's x16 layout (ops/dense_repack.py pack_x16:
-    f32 [N/16, K, 16], bf16 [N/16, K/2, 16, 2]), run by the outer-product kernel."""
+    f32 / fp16 [N/16, K, 16], bf16 [N/16, K/2, 16, 2]), run by the outer-product kernel. An fp16
+    weight takes fp32 x by default (fp16 is no activation dtype here); the kernel widens it exactly."""
 
     __slots__ = ("weight", "bias", "N", "K", "out_cols", "x_dtype", "out_dtype", "_handle", "weight_ptr")
 
@@ -97,7 +101,9 @@ class LinearKernel:
                  x16: bool = False):
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
-        w_code = _dtype_code(weight, "weight")
+        if weight.dtype not in _WEIGHT_FORMATS:
+            raise TypeError(f"weight has dtype {weight.dtype}; the linear kernels take float32, bfloat16 or "
+                            "float16 weights")
         if weight.device.type != "cpu":
             raise ValueError(f"weight is on {weight.device}; the linear kernel runs on the CPU")
         if x16:
@@ -115,7 +121,7 @@ class LinearKernel:
             raise ValueError("weight must be contiguous (call weight.contiguous() once at load)")
         if silu_mul and N % 2:
             raise ValueError(f"silu_mul needs an even number of weight rows (gate rows then up rows); got {N}")
-        bias_code = w_code
+        bias_code = CPU_DTYPE_CODES.get(weight.dtype, 0)  # (no bias: any valid code)
         if bias is not None:
             if not isinstance(bias, torch.Tensor):
                 raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
@@ -126,7 +132,7 @@ class LinearKernel:
         self.weight, self.bias = weight, bias
         self.N, self.K = N, K
         self.out_cols = N // 2 if silu_mul else N
-        self.x_dtype = x_dtype or weight.dtype
+        self.x_dtype = x_dtype or (torch.float32 if weight.dtype is torch.float16 else weight.dtype)
         self.out_dtype = out_dtype or self.x_dtype
         for name, dtype in (("x_dtype", self.x_dtype), ("out_dtype", self.out_dtype)):
             if dtype not in CPU_DTYPE_CODES:

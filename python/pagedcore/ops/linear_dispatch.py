@@ -56,6 +56,9 @@ _ZEN5_NOTE = ("2-core AMD EPYC Zen 5 (AVX512-BF16, no AMX), 2026-12-02, bench_li
               "rows. Rows kept at 128: the C++ decoder stack and the tied lm_head use the same threshold, "
               "and the lm_head's library path is MKL (2x slower than ours in fp32); re-tune end to end")
 
+_FP16_NOTE = ("fp16 weights under fp32 x (a held GPTQ / AWQ head or table): the kernel widens them as it does "
+              "bf16's, up to the bf16 row's rows; above, torch with the weight widened for the call. Not measured")
+
 # gemm_isa() -> weight dtype -> plan.
 GEMM_PLANS: dict[str, dict[torch.dtype, GemmPlan]] = {
     "avx2": {torch.float32: GemmPlan(128, "torch", _AVX2_NOTE),
@@ -101,6 +104,8 @@ def gemm_plan(weight_dtype: torch.dtype, isa: str | None = None) -> GemmPlan:
     switch) picks widen or torch for bf16."""
     row = GEMM_PLANS[isa or gemm_isa()]
     plan = row.get(weight_dtype, row[torch.float32])
+    if weight_dtype is torch.float16:  # weights only: a GPTQ / AWQ checkpoint's head or table held as stored
+        plan = GemmPlan(row[torch.bfloat16].kernel_max_rows, "torch", _FP16_NOTE)
     rows, library, note = plan.kernel_max_rows, plan.library, plan.measured
     env_rows = os.environ.get("PAGEDCORE_LINEAR_MAX_ROWS")
     if env_rows is not None:
