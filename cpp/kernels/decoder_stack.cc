@@ -64,9 +64,14 @@ Status check(const DecoderStackParams& p) {
         (w.q_norm == nullptr) != (w.k_norm == nullptr))
       return Status::invalid("decoder_stack: layer " + str(l) + " misses a weight");
     for (int i = 0; i < kNumStackLinears; ++i) {
-      // A dense weight is read as the activations' dtype; the quantized formats carry their own.
+      // A dense weight is read as the activations' dtype; the quantized formats carry their own. Under fp32
+      // activations a dense weight may also be bf16 or fp16, a checkpoint's 16-bit tensor held as stored
+      // (the kernels widen it exactly).
       const WeightFormat f = w.format[i].value_or(dense_weight_format(p.dtype));
-      if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype))  // (checkpoint or x16 layout)
+      const bool held_16bit = p.dtype == DType::kFloat32 &&
+                              (is_dense_format_of(f, DType::kBFloat16) || f == WeightFormat::kDenseF16 ||
+                               f == WeightFormat::kDenseF16x16);
+      if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype) && !held_16bit)  // (checkpoint or x16)
         return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
                                " weight in a stack of " +
                                (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");

@@ -41,7 +41,8 @@ enum StackLinear { kStackQkvProj = 0, kStackOProjLinear, kStackGateUpProj, kStac
 // One layer's weights, bound once at load. Norms and biases are contiguous in the stack's dtype;
 // each linear weight is stored as its `format` says: unset, dense rows of the stack's dtype;
 // otherwise a quantized format of linear.h (GGUF blocks as stored, or int8 per channel with its
-// fp32 per-row `scales`), run by the same quantized kernels the Python layers call.
+// fp32 per-row `scales`), run by the same quantized kernels the Python layers call, a dense x16
+// repack, or (fp32 stacks) a checkpoint's bf16 / fp16 tensor held as stored (rows or x16).
 struct DecoderLayerWeights {
   const void* input_norm = nullptr;  // [E]
   const void* post_norm = nullptr;   // [E]

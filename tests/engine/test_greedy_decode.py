@@ -163,8 +163,12 @@ def test_the_one_call_step_equals_hf_greedy(tiny_llama, monkeypatch):
 
 
 def test_a_head_without_a_single_kernel_declines_and_the_python_path_runs(tmp_path, monkeypatch):
-    # An F16 output tensor in a quantized file: the head is a float part run by torch.
+    # An F16 output tensor in a quantized file is a dense fp16 head with a kernel; without its binding (as a
+    # head of several formats, or one a library GEMM runs, has none) the one-call decode declines.
+    from pagedcore.layers.linear import DenseLinearMethod
+
     path = quant_models.write_block_gguf(tmp_path / "m.gguf", "llama", T.Q4_1, {"output.weight": T.F16})
+    monkeypatch.setattr(DenseLinearMethod, "kernel_for", lambda self, layer, x_dtype: None)
     counter = _Counter(monkeypatch)
     llm = LLM(path, **ENGINE)
     model = llm.llm_engine.worker.runner.model

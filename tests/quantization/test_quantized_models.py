@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from pagedcore.layers.linear import LINEAR_METHODS
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.loader import load_model
 from pagedcore.ops.quant_repack import repackable
@@ -72,12 +73,14 @@ def test_k_quants_and_mixed_layers_equal_the_oracle(tmp_path, monkeypatch):
     path = quant_models.write_kquant_gguf(tmp_path / "k.gguf")
     model = load_model(path, load_tokenizer=False).model
     layers = model.model.layers
-    linears = {"qkv0": layers[0].self_attn.qkv_proj, "o0": layers[0].self_attn.o_proj,
+    linears = {"qkv0": layers[0].self_attn.qkv_proj,
                "gate_up0": layers[0].mlp.gate_up_proj, "down0": layers[0].mlp.down_proj,
                "qkv1": layers[1].self_attn.qkv_proj, "gate_up1": layers[1].mlp.gate_up_proj, "head": model.lm_head}
     file_formats = {name: [p.format.removesuffix("x16") for p in linear.quant_parts] for name, linear in linears.items()}
-    assert file_formats == {"qkv0": ["q4_k", "q6_k"], "o0": ["float32"], "gate_up0": ["q4_k"], "down0": ["q6_k"],
+    assert file_formats == {"qkv0": ["q4_k", "q6_k"], "gate_up0": ["q4_k"], "down0": ["q6_k"],
                             "qkv1": ["q5_k"], "gate_up1": ["q5_k", "q4_k"], "head": ["q6_k"]}
+    o0 = layers[0].self_attn.o_proj  # the file's F32 matrix: a dense fp32 layer (the stack's kernels, not torch)
+    assert o0.method is LINEAR_METHODS["float32"] and not hasattr(o0, "quant_parts")
     # Parts of whole 16-row groups run repacked (q4_kx16, ...) where the CPU has the x16 kernels.
     for name, linear in linears.items():
         assert linear.method.formats(linear) == [repackable(fmt, p.num_rows) or fmt

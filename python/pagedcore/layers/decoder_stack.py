@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from pagedcore.layers.attention import AttentionMetadata
-from pagedcore.layers.linear import Linear, current_x16_weight
+from pagedcore.layers.linear import HELD_16BIT_METHODS, Linear, current_x16_weight
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops import checks
 from pagedcore.ops.dtypes import CPU_CACHE_DTYPE_CODES as _CACHE_DTYPE_CODE
@@ -46,7 +46,8 @@ class LayerTensors:
     gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
     down: torch.Tensor  # [hidden, intermediate]
     # Per linear (LINEAR_FIELDS order): None for dense rows of the model dtype, its x16 repack
-    # ("f32x16" / "bf16x16", ops/dense_repack.py: the tensor is then the X16Weight's packed layout), or a
+    # ("f32x16" / "bf16x16" / "f16x16", ops/dense_repack.py: the tensor is then the X16Weight's packed
+    # layout), a checkpoint's 16-bit rows held as stored under fp32 activations (HELD_ROW_FORMATS), or a
     # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
     # [N, row_bytes], int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
     formats: tuple[str | None, ...] = (None, None, None, None)
@@ -60,6 +61,12 @@ class LayerTensors:
 
 # Model dtype -> the dense weight format the stack reads at that dtype (dense, its dtype code).
 STACK_WEIGHT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# A bf16 / fp16 checkpoint tensor held as stored under fp32 activations (layers/linear.py HELD_16BIT_METHODS),
+# in the checkpoint layout: its weight dtype -> the format name the stack is given (x16: X16_FORMATS).
+HELD_ROW_FORMATS = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# Format name -> the dtype its dense weight tensor holds (x16 repacks and held rows).
+DENSE_FORMAT_DTYPES = {**{name: dtype for dtype, name in X16_FORMATS.items()},
+                       **{name: dtype for dtype, name in HELD_ROW_FORMATS.items()}}
 # A quantized step calls the same kernel at every row count (there is no GEMM to hand large steps
 # to), so the stack takes steps of any size; the bound only keeps its activation buffers sane.
 QUANT_STACK_MAX_ROWS = 1 << 16
@@ -82,6 +89,8 @@ def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
         return part.format, part.scales
     if current_x16_weight(linear) is not None:
         return X16_FORMATS[linear.weight.dtype], None
+    if linear.method in HELD_16BIT_METHODS.values():
+        return HELD_ROW_FORMATS[linear.weight.dtype], None
     return None, None
 
 
@@ -141,9 +150,13 @@ class DecoderStack:
         self.hidden_size, self.head_dim, self.num_layers = hidden_size, head_dim, len(layers)
         self.num_kv_heads = num_kv_heads
         # A dense layer hands steps past max_rows to a GEMM library (other rounding): only a stack whose
-        # every linear is quantized or x16-repacked (one kernel at every row count) takes every step.
-        own_kernel_only = all(fmt is not None for layer in layers for fmt in layer.formats)
-        self.max_rows = min(QUANT_STACK_MAX_ROWS, X16_MAX_ROWS) if own_kernel_only else max_rows(dtype)
+        # every linear is quantized or x16-repacked (one kernel at every row count) takes every step; held
+        # 16-bit rows hand theirs over past their own dtype's rows.
+        fmts = {fmt for layer in layers for fmt in layer.formats}
+        own_kernel_only = all(fmt is not None and fmt not in HELD_ROW_FORMATS.values() for fmt in fmts)
+        row_dtypes = {dtype} | {DENSE_FORMAT_DTYPES[fmt] for fmt in fmts if fmt in HELD_ROW_FORMATS.values()}
+        self.max_rows = (min(QUANT_STACK_MAX_ROWS, X16_MAX_ROWS) if own_kernel_only else
+                         min(max_rows(row_dtype) for row_dtype in row_dtypes))
         self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
         # The LoRA hooks' shared step batch (LoRABatchRef), or None without hooks; their slot stacks
         # are bound below (kept alive by the hooks, filled in place by the LoRAManager).
@@ -158,7 +171,9 @@ class DecoderStack:
                         for hook in layer.lora] for layer in layers]
         self._anchor = layers[0].qkv  # kept alive; its data_ptr tells whether the weights moved
         self._anchor_ptr = self._anchor.data_ptr()
-        enums = {**FORMAT_ENUMS, "f32x16": _core.WeightFormat.F32X16, "bf16x16": _core.WeightFormat.BF16X16}
+        enums = {**FORMAT_ENUMS, "f32x16": _core.WeightFormat.F32X16, "bf16x16": _core.WeightFormat.BF16X16,
+                 "f16x16": _core.WeightFormat.F16X16, "bfloat16": _core.WeightFormat.DENSE_BF16,
+                 "float16": _core.WeightFormat.DENSE_F16}
         formats = [[None if fmt is None else enums[fmt] for fmt in layer.formats] for layer in layers]
         scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights

@@ -12,10 +12,11 @@ import os
 import torch
 
 from pagedcore.layers.attention import Attention
-from pagedcore.layers.decoder_stack import (LAYER_PARAMS, LINEAR_FIELDS, LINEAR_LEAVES, STACK_WEIGHT_FORMATS,
-                                            LayerTensors, layer_tensors, stack_shapes)
+from pagedcore.layers.decoder_stack import (DENSE_FORMAT_DTYPES, HELD_ROW_FORMATS, LAYER_PARAMS, LINEAR_FIELDS,
+                                            LINEAR_LEAVES, STACK_WEIGHT_FORMATS, LayerTensors, layer_tensors,
+                                            stack_shapes)
 from pagedcore.layers.layernorm import RMSNorm
-from pagedcore.layers.linear import Linear, MergedLinear, RowParallelLinear
+from pagedcore.layers.linear import HELD_16BIT_METHODS, Linear, MergedLinear, RowParallelLinear
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dense_repack import X16_FORMATS, packed_shape
 from pagedcore.ops.quant_linear import INT8_FORMATS, QUANT_FORMATS, row_bytes
@@ -53,8 +54,9 @@ def decoder_stack_support(config, layers) -> StackSupport:
                   stacks the stack binds and runs), q_norm and k_norm both or neither: a wrapper or
                   new module is something the stack would skip
       tensors     the layer's parameters are those in LAYER_PARAMS (bias on qkv only), no buffers
-      formats     every Linear has the dense method of the model dtype, or is quantized in one
-                  format over all its rows (QuantLinearMethod with one part), and the layer dtype out
+      formats     every Linear has the dense method of the model dtype (or, under fp32, a checkpoint's
+                  bf16 / fp16 tensor held as stored), or is quantized in one format over all its rows
+                  (QuantLinearMethod with one part), and the layer dtype out
       constants   norms use config.rms_norm_eps; attention scale and head counts as layer 0's
       placement   every tensor a contiguous CPU tensor of the model dtype and the expected shape
     """
@@ -131,6 +133,8 @@ def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
         # A float tensor of a quantized file runs torch's F.linear in the layer (other rounding than the
         # stack's dense kernel): rare in real files (llama.cpp quantizes every matrix), so not worth a rule.
         return f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs {sorted(STACK_QUANT_FORMATS)}"
+    if dtype is torch.float32 and linear.method in HELD_16BIT_METHODS.values():
+        return ""  # a checkpoint's bf16 / fp16 tensor held as stored: the kernels widen it under fp32 x
     if linear.method.format != STACK_WEIGHT_FORMATS[dtype]:
         return (f"has weight format {linear.method.format!r}; the stack reads {STACK_WEIGHT_FORMATS[dtype]!r} or "
                 f"{sorted(STACK_QUANT_FORMATS)}")
@@ -146,7 +150,10 @@ def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer:
         if fmt is not None:
             n, k = shape
             if fmt in _X16_NAMES:
-                return packed_shape(n, k, dtype), dtype
+                weight_dtype = DENSE_FORMAT_DTYPES[fmt]  # (the model's, or a held 16-bit tensor's)
+                return packed_shape(n, k, weight_dtype), weight_dtype
+            if fmt in HELD_ROW_FORMATS.values():
+                return shape, DENSE_FORMAT_DTYPES[fmt]
             return ((n, k), torch.int8) if fmt in INT8_FORMATS else ((n, row_bytes(fmt, k)), torch.uint8)
     return shape, dtype
 

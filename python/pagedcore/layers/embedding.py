@@ -35,8 +35,9 @@ class VocabEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.dtype = dtype  # of the looked-up rows (the activations)
-        # A pre-quantized HF checkpoint's bf16 or fp16 table under fp32 activations is held as stored (half the
-        # bytes; lookups widen rows exactly, the tied head's kernel widens the weights: the same values).
+        # A quantized file's bf16 or fp16 table (a GGUF's F16 / BF16 token_embd, a GPTQ / AWQ checkpoint's) under
+        # fp32 activations is held as stored (half the bytes; lookups widen rows exactly, the tied head's kernel
+        # widens the weights: the same values).
         self.keep_16bit = keep_16bit and dtype is torch.float32
         # Left uninitialised: the checkpoint fills it (see linear.py).
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),  # [vocab, hidden]
@@ -56,7 +57,7 @@ class VocabEmbedding(nn.Module):
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
-            held = loaded.dtype if isinstance(loaded, torch.Tensor) else None
+            held = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
             if self.keep_16bit and held in (torch.bfloat16, torch.float16):
                 if self.weight.dtype is not held:
                     self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=held), requires_grad=False)

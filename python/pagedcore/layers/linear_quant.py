@@ -106,7 +106,7 @@ class QuantLinearMethod(LinearMethod):
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
-        source_dtype = loaded.dtype if isinstance(loaded, torch.Tensor) else None
+        source_dtype = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
         if self.quantize_dense_to == INT8_PER_CHANNEL:
             from pagedcore.ops.quant_linear import quantize_int8_per_channel
 
@@ -136,15 +136,15 @@ class QuantLinearMethod(LinearMethod):
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """A GPTQ / AWQ / compressed-tensors layer that is one float tensor becomes a dense layer
-        (_become_dense). Otherwise repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
+        """A layer that is one float tensor (a GGUF's F16 / BF16 / F32 matrix; a GPTQ / AWQ / compressed-tensors
+        checkpoint's unquantized one) becomes a dense layer (_become_dense). Otherwise repacks each GGUF part (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into
         the x16 layout where this CPU has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x
         the ggml layout's rate at 128 rows and 1.6x at one row on Zen 5, the k-quants 5x at one
         row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
         +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
         keeps the file's layout everywhere (for A/B measurements)."""
         parts = layer.quant_parts
-        if (self.format in HF_BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
+        if (self.format in BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
                 and parts[0].num_rows == layer.out_features):
             _become_dense(layer, parts[0])
             return
@@ -193,8 +193,9 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
         prev = merged[-1] if merged else None
         if prev is not None and prev.format == p.format and prev.row_start + prev.num_rows == p.row_start:
             scales = None if prev.scales is None else torch.cat([prev.scales, p.scales])
+            source_dtype = prev.source_dtype if prev.source_dtype is p.source_dtype else None  # (mixed: fp32)
             merged[-1] = QuantPart(p.format, prev.row_start, prev.num_rows + p.num_rows,
-                                   torch.cat([prev.weight, p.weight]), scales)
+                                   torch.cat([prev.weight, p.weight]), scales, source_dtype=source_dtype)
         else:
             merged.append(p)
     layer.quant_parts = merged
@@ -205,12 +206,13 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
 
 
 def _become_dense(layer: Linear, part: QuantPart) -> None:
-    """A layer that an HF GPTQ / AWQ / compressed-tensors checkpoint left unquantized (an untied lm_head,
-    `ignore`, modules_to_not_convert) becomes the dense layer a dense checkpoint would have: the x16 kernel
-    where the CPU has it, a kernel binding for the one-call decode's head (kernel_for), the kernels' pool
-    where nothing else needs torch. A bf16 or fp16 tensor without a bias is held as stored (its exact values,
-    half the bytes) and multiplies the model's fp32 activations (the kernels widen it: the same sums as an
-    fp32 copy); any other is held fp32. Done through the dense method's own calls."""
+    """A layer that a quantized file left unquantized (a GGUF's F16 / BF16 / F32 matrix; an HF GPTQ / AWQ /
+    compressed-tensors checkpoint's untied lm_head, `ignore`, modules_to_not_convert) becomes the dense layer
+    a dense checkpoint would have: the x16 kernel where the CPU has it, a kernel binding for the one-call
+    decode's head (kernel_for), the C++ decoder stack, the kernels' pool where nothing else needs torch. A bf16
+    or fp16 tensor without a bias is held as stored (its exact values, half the bytes) and multiplies the
+    model's fp32 activations (the kernels widen it: the same sums as an fp32 copy); any other is held fp32.
+    Done through the dense method's own calls."""
     from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS
 
     bias = layer.bias  # (a biased layer stays fp32: its bias need not be 16-bit in the checkpoint)

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
 # Plain floats: the file's bytes reinterpreted, no arithmetic.
-_FLOAT_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
+FLOAT_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 _BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20}
 _K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 _BLOCK_SIZE = 32
@@ -32,11 +32,11 @@ _CHUNK_BLOCKS = 4096  # 4096 x 32 fp32 = 512 KB per chunk
 _K_CHUNK_ROWS = 256  # k-quant rows decoded per numpy call (bounded temporaries)
 # ggml type -> the block format name the quantized linear kernels know (ops/quant_linear.py).
 BLOCK_FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k"}
-SUPPORTED_TYPES = tuple(t.name for t in (*_FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS))
+SUPPORTED_TYPES = tuple(t.name for t in (*FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS))
 
 
 def is_supported(ggml_type: T) -> bool:
-    return ggml_type in _FLOAT_TYPES or ggml_type in _BLOCK_BYTES or ggml_type in _K_QUANTS
+    return ggml_type in FLOAT_TYPES or ggml_type in _BLOCK_BYTES or ggml_type in _K_QUANTS
 
 
 def row_bytes(ggml_type: T, num_cols: int) -> int:
@@ -62,8 +62,8 @@ def dequantize_rows(rows: torch.Tensor, ggml_type: T) -> torch.Tensor:
 
 def dequantize_into(raw: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:
     """Decodes raw uint8 [nbytes] into out (a contiguous tensor of the logical shape, any float dtype)."""
-    if ggml_type in _FLOAT_TYPES:
-        out.copy_(raw.view(_FLOAT_TYPES[ggml_type]).view(out.shape))
+    if ggml_type in FLOAT_TYPES:
+        out.copy_(raw.view(FLOAT_TYPES[ggml_type]).view(out.shape))
         return
     if ggml_type in _K_QUANTS:
         _dequantize_k_quant(raw, ggml_type, out)

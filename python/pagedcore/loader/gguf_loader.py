@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
-from pagedcore.loader.gguf_dequant import (BLOCK_FORMATS, SUPPORTED_TYPES, dequantize, dequantize_into,
+from pagedcore.loader.gguf_dequant import (BLOCK_FORMATS, FLOAT_TYPES, SUPPORTED_TYPES, dequantize, dequantize_into,
                                            is_supported, row_bytes)
 from pagedcore.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from pagedcore.model_config import ModelConfig
@@ -135,6 +135,12 @@ class GGUFWeight:
     @property
     def ggml_type(self):
         return self._info.ggml_type
+
+    @property
+    def source_dtype(self) -> torch.dtype | None:
+        """The torch dtype of a float tensor (F32 / F16 / BF16) as the file stores it, else None: a layer
+        or table of an F16 / BF16 tensor is held in that dtype (layers/linear_quant.py, layers/embedding.py)."""
+        return FLOAT_TYPES.get(self._info.ggml_type)
 
     def block_rows(self) -> torch.Tensor:
         """The tensor's bytes as uint8 [out, row_bytes], rows in HF order; a copy (the map's pages

@@ -28,7 +28,7 @@ from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_bat
 from pagedcore.layers.decoder_stack_support import StackSupport, decoder_stack_support
 from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
-from pagedcore.layers.linear_quant import HF_BLOCK_METHODS
+from pagedcore.layers.linear_quant import BLOCK_METHODS
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.greedy_decode import GreedyDecode, binding_key
@@ -131,8 +131,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         dtype = config.torch_dtype
         self.shard = shard
-        # A pre-quantized HF checkpoint (GPTQ, AWQ, compressed-tensors) keeps a bf16 or fp16 table as stored
-        keep_16bit = getattr(method, "format", None) in HF_BLOCK_METHODS
+        # A quantized file (GGUF, GPTQ, AWQ, compressed-tensors) keeps a bf16 or fp16 table as stored
+        keep_16bit = getattr(method, "format", None) in BLOCK_METHODS
         if shard is None:
             self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, keep_16bit)
         elif not shard.has_embedding:
