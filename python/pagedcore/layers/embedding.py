@@ -57,10 +57,11 @@ class VocabEmbedding(nn.Module):
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
-            held = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
-            if self.keep_16bit and held in (torch.bfloat16, torch.float16):
-                if self.weight.dtype is not held:
-                    self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=held), requires_grad=False)
+            if self.keep_16bit:  # held as stored if 16-bit, else (a reload of other values too) in self.dtype
+                held = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
+                want = held if held in (torch.bfloat16, torch.float16) else self.dtype
+                if self.weight.dtype is not want:
+                    self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=want), requires_grad=False)
                     self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
             copy_weight(self.weight.data, loaded, name)
             return

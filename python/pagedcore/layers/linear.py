@@ -18,6 +18,8 @@ so the model code builds the same layers whatever the format.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +30,21 @@ from pagedcore.ops import linear as linear_ops
 from pagedcore.ops import dense_repack, linear_dispatch
 from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops.onednn_linear import PrepackedWeight
+
+
+def source_dtype(loaded) -> torch.dtype | None:
+    """The dtype a checkpoint tensor is stored in (a tensor's, a GGUF float tensor's), or None if not known."""
+    return loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
+
+
+def hold_16bit_enabled() -> bool:
+    """Whether an fp32 model holds its checkpoint's bf16 / fp16 tensors as stored (the default; the same values
+    and, in the x16 layouts and fp16's row layout, the same sums). PAGEDCORE_HOLD_16BIT=0 widens them to fp32 at
+    load instead (for A/B measurements)."""
+    env = os.environ.get("PAGEDCORE_HOLD_16BIT", "1")
+    if env not in ("0", "1"):
+        raise ValueError(f"PAGEDCORE_HOLD_16BIT={env!r}; set 1 (hold 16-bit checkpoint tensors as stored) or 0")
+    return env == "1"
 
 
 class KernelBinding:
@@ -152,6 +169,7 @@ class DenseLinearMethod(LinearMethod):
         layer.bias = (nn.Parameter(torch.empty(layer.out_features, dtype=self.dtype), requires_grad=False)
                       if bias else None)  # [out]
         layer._rows_loaded = set()  # (first row, rows) of the weight filled so far: prepack when complete
+        layer._source_dtypes = set()  # the checkpoint dtypes of the weight's tensors (None: not known)
         layer._library = LibraryBinding(layer.weight)
         self._bind(layer, x16=False)
 
@@ -162,6 +180,16 @@ class DenseLinearMethod(LinearMethod):
                              f"not {param_name!r}; is the checkpoint quantised in a format pagedcore lacks?")
         if param_name == "weight" and isinstance(layer.weight, X16Weight):
             restore_checkpoint_layout(layer)  # a reload after processing: rows are written in the checkpoint layout
+        if (param_name == "weight" and self in HELD_16BIT_METHODS.values()
+                and source_dtype(loaded) is not self.dtype):
+            # A held 16-bit layer receiving other values (a reload from an fp32 tensor): fp32 again, losslessly.
+            fp32 = LINEAR_METHODS["float32"]
+            layer.method = fp32
+            layer.weight = nn.Parameter(layer.weight.data.float(), requires_grad=False)
+            layer._library = LibraryBinding(layer.weight)
+            fp32._bind(layer, x16=False)
+            fp32.load(layer, param_name, loaded, name, rows)
+            return
         param = layer.weight if param_name == "weight" else layer.bias
         if param is None:
             raise ValueError(f"the checkpoint has {name!r} but this layer was built without a bias; "
@@ -169,6 +197,7 @@ class DenseLinearMethod(LinearMethod):
         target = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])  # rows: contiguous
         copy_weight(target, loaded, name)
         if param_name == "weight":
+            layer._source_dtypes.add(source_dtype(loaded))
             # Prepack once the whole weight is in (a reload of any part packs it again).
             layer._rows_loaded.add(rows or (0, layer.out_features))
             layer._library.packed = None
@@ -176,8 +205,20 @@ class DenseLinearMethod(LinearMethod):
                 layer._library.prepack(layer.weight, layer.bias)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """Repacks W into its x16 layout where that is on and the shape allows (dense_repack); the
+        """An fp32 layer whose checkpoint tensors were all bf16 or all fp16 (and that has no bias) is held in
+        that dtype instead (hold_16bit: the same values, half the bytes; the kernels widen them exactly).
+        Then repacks W into its x16 layout where that is on and the shape allows (dense_repack); the
         checkpoint-layout tensor is dropped (freed unless something else holds it)."""
+        held = HELD_16BIT_METHODS.get(next(iter(layer._source_dtypes))) if len(layer._source_dtypes) == 1 else None
+        if (self.dtype is torch.float32 and self.x_dtypes == (torch.float32,) and held is not None
+                and layer.bias is None and layer.weight.is_cpu and not isinstance(layer.weight, X16Weight)
+                and hold_16bit_enabled()):
+            layer.method = held
+            layer.weight = nn.Parameter(layer.weight.data.to(held.dtype), requires_grad=False)  # exact
+            layer._library = LibraryBinding(layer.weight)
+            held._bind(layer, x16=False)
+            held.process_weights_after_loading(layer)
+            return
         weight = layer.weight
         if isinstance(weight, X16Weight) or not (dense_repack.dense_repack_enabled(self.dtype) and weight.is_cpu):
             return

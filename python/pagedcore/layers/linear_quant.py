@@ -221,7 +221,8 @@ def _become_dense(layer: Linear, part: QuantPart) -> None:
     layer.method = dense
     del layer.quant_parts, layer.input_perm
     dense.create_weights(layer, bias is not None)
-    dense.load(layer, "weight", part.weight, "weight", None)
+    # (a held part's values in its own dtype: exact, they came from it)
+    dense.load(layer, "weight", part.weight if held is None else part.weight.to(held.dtype), "weight", None)
     if bias is not None:
         dense.load(layer, "bias", bias.data, "bias", None)
     dense.process_weights_after_loading(layer)
