@@ -17,7 +17,7 @@ from pagedcore.ops.dense_repack import X16Weight
 
 from ..engine.conftest import hf_greedy
 from .paged_driver import PagedDriver
-from .test_decoder_stack import _STEPS, _stack_and_loop
+from .test_decoder_stack import assert_stack_equals_loop
 from .test_llama_parity import random_prompt
 from . import tiny_models
 
@@ -69,14 +69,7 @@ def test_a_16bit_checkpoint_is_held_as_stored_and_computes_the_same(tmp_path, mo
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_the_stack_runs_held_layers_as_the_layer_loop_does(tmp_path, dtype):
     _, folder = _folder(tmp_path, "llama", dtype)
-    model = load_model(folder, load_tokenizer=False).model
-    driver = PagedDriver(model, seed=5)
-    for seq_id, length in {0: 5, 1: 17, 2: 40}.items():
-        driver.step([(seq_id, random_prompt(length, seed=seq_id))])
-    for step, (chunks, num_padding) in _STEPS.items():
-        by_stack, by_loop = _stack_and_loop(model, driver, chunks, num_padding)
-        for part, got, want in zip(("hidden", "residual", "kv_cache"), by_stack, by_loop):
-            assert torch.equal(got, want), f"{dtype}, step {step!r}, {part}"
+    assert_stack_equals_loop(load_model(folder, load_tokenizer=False).model, str(dtype))
 
 
 def test_a_reload_of_other_values_widens_the_layer_back_losslessly(tmp_path):
@@ -104,3 +97,25 @@ def test_the_engine_serves_it_and_the_switch_turns_it_off(tmp_path, monkeypatch)
     monkeypatch.setenv("PAGEDCORE_HOLD_16BIT", "2")
     with pytest.raises(ValueError, match="PAGEDCORE_HOLD_16BIT"):
         load_model(folder, load_tokenizer=False)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_tied"])
+def test_a_model_bound_for_a_gpu_widens_its_held_weights(tmp_path, kind):
+    """Before a move to a GPU (engine/worker.py, distributed/rank_worker.py) the held weights become fp32: the
+    GPU's GEMMs take one dtype. The same values, so the same model (the CPU kernels now sum the fp32 rows in
+    their row order: within fp32 rounding of the held x16 sums)."""
+    from pagedcore.layers.held_weights import widen_held_weights
+    from pagedcore.layers.linear import Linear
+
+    _, folder = _folder(tmp_path, kind, torch.float16)
+    model = load_model(folder, load_tokenizer=False).model
+    prompt = random_prompt(20, seed=4)
+    before = PagedDriver(model, seed=1).greedy(0, prompt, 6)
+    assert widen_held_weights(model) > 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            assert module.method is LINEAR_METHODS["float32"] and module.weight.dtype == torch.float32
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert widen_held_weights(model) == 0
+    after = PagedDriver(model, seed=1).greedy(0, prompt, 6)
+    assert after[0] == before[0] and (after[1] - before[1]).abs().max() <= 1e-5 * before[1].abs().max()

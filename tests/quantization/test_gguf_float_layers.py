@@ -17,7 +17,7 @@ from pagedcore.loader import load_model
 from ..loader import tiny_gguf
 from ..models import tiny_models
 from ..models.paged_driver import PagedDriver
-from ..models.test_decoder_stack import _STEPS, _stack_and_loop
+from ..models.test_decoder_stack import assert_stack_equals_loop
 from ..models.test_llama_parity import random_prompt
 
 FLOAT_LAYERS = ("blk.0.ffn_down.weight", "blk.1.attn_output.weight", "output.weight")
@@ -63,13 +63,7 @@ def test_f16_layers_are_held_fp16_and_equal_the_f32_file_bit_for_bit(tmp_path, k
 def test_the_stack_runs_held_layers_as_the_layer_loop_does(tmp_path, float_type):
     model = load_model(_file(tmp_path, float_type), load_tokenizer=False).model
     assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
-    driver = PagedDriver(model, seed=5)
-    for seq_id, length in {0: 5, 1: 17, 2: 40}.items():
-        driver.step([(seq_id, random_prompt(length, seed=seq_id))])
-    for step, (chunks, num_padding) in _STEPS.items():
-        by_stack, by_loop = _stack_and_loop(model, driver, chunks, num_padding)
-        for part, got, want in zip(("hidden", "residual", "kv_cache"), by_stack, by_loop):
-            assert torch.equal(got, want), f"{float_type.name}, step {step!r}, {part}"
+    assert_stack_equals_loop(model, float_type.name)
 
 
 def test_the_engine_serves_a_file_with_f16_layers(tmp_path):

@@ -115,6 +115,9 @@ class RankWorker:
                                       self.tp_comm)
         self.loaded = loaded
         if self.device.type == "cuda":
+            from pagedcore.layers.held_weights import widen_held_weights
+
+            widen_held_weights(loaded.model)  # the GPU's GEMMs take fp32 weights under fp32 activations
             loaded.model.to(self.device)
         self.runner = ModelRunner(loaded.model, self.device)
         return self.weight_bytes()

@@ -110,6 +110,9 @@ class InProcessWorker(Worker):
     def load_model(self) -> None:
         # The loader builds the model on the host; a CPU model is used where it is.
         if self.device.type == "cuda":
+            from pagedcore.layers.held_weights import widen_held_weights
+
+            widen_held_weights(self.runner.model)  # the GPU's GEMMs take fp32 weights under fp32 activations
             self.runner.model.to(self.device)
 
     def profile_memory(self, spec: kvc.KVCacheSpec, shape: kvc.ProfileShape) -> MemoryProfile:

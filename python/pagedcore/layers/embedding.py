@@ -168,6 +168,16 @@ class VocabEmbedding(nn.Module):
             self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32, x16=x16)
         return self._logits_kernel
 
+    def widen_held_table(self) -> None:
+        """A bf16 / fp16 table held as stored under fp32 activations (keep_16bit) becomes fp32, the same values
+        (for a move to a GPU, whose lookups and tied head take one dtype). No-op otherwise."""
+        if self.block_format is not None or self.weight.dtype not in (torch.bfloat16, torch.float16) or (
+                self.dtype is not torch.float32):
+            return
+        values = self.weight.unpacked() if type(self.weight) is X16Weight else self.weight.data  # [vocab, hidden]
+        self.weight = nn.Parameter(values.float().contiguous(), requires_grad=False)
+        self._logits_kernel = KernelBinding(self.weight, out_dtype=torch.float32)
+
     def weight_bytes(self) -> dict[str, int]:
         """Resident bytes of the table by format."""
         fmt = self.block_format.removesuffix("x16") if self.block_format else str(self.weight.dtype).removeprefix("torch.")

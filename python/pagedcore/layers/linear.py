@@ -183,12 +183,8 @@ class DenseLinearMethod(LinearMethod):
         if (param_name == "weight" and self in HELD_16BIT_METHODS.values()
                 and source_dtype(loaded) is not self.dtype):
             # A held 16-bit layer receiving other values (a reload from an fp32 tensor): fp32 again, losslessly.
-            fp32 = LINEAR_METHODS["float32"]
-            layer.method = fp32
-            layer.weight = nn.Parameter(layer.weight.data.float(), requires_grad=False)
-            layer._library = LibraryBinding(layer.weight)
-            fp32._bind(layer, x16=False)
-            fp32.load(layer, param_name, loaded, name, rows)
+            widen_held_layer(layer)
+            layer.method.load(layer, param_name, loaded, name, rows)
             return
         param = layer.weight if param_name == "weight" else layer.bias
         if param is None:
@@ -281,6 +277,21 @@ class DenseLinearMethod(LinearMethod):
             gate_up = linear_ops.torch_linear(x, dense_repack.unpack_x16(packed), layer.bias)
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+
+
+def widen_held_layer(layer: Linear) -> None:
+    """A layer holding a checkpoint's bf16 / fp16 weight under fp32 activations (HELD_16BIT_METHODS) becomes the
+    plain fp32 dense layer of the same values (a reload of other values; a move to a GPU, whose GEMMs take one
+    dtype). No-op for any other layer."""
+    if layer.method not in HELD_16BIT_METHODS.values():
+        return
+    weight = layer.weight
+    values = weight.unpacked() if isinstance(weight, X16Weight) else weight.data  # [out, in]
+    fp32 = LINEAR_METHODS["float32"]
+    layer.method = fp32
+    layer.weight = nn.Parameter(values.float().contiguous(), requires_grad=False)
+    layer._library = LibraryBinding(layer.weight)
+    fp32._bind(layer, x16=False)
 
 
 def current_x16_weight(layer: Linear) -> torch.Tensor | None:
