@@ -9,6 +9,11 @@ import re
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16")
+# vLLM's --dtype half / float16 (fp16 activations): refused with what to use instead.
+FP16_DTYPE_NAMES = ("float16", "half", "fp16")
+FP16_REFUSAL = ("--dtype float16 (fp16 activations) is not supported: the CPU kernels compute in float32 or "
+                "bfloat16. An fp16 checkpoint runs under --dtype auto (or float32) with its weights held fp16 as "
+                "stored, the float32 model at half the weight bytes; --dtype bfloat16 runs bf16 activations")
 _FP8_CACHE_DTYPES = ("fp8_e4m3", "fp8_e5m2")   # KV cache only (vLLM's --kv-cache-dtype names)
 # EngineConfig.block_size None -> these: vLLM's defaults (128 on its CPU platform, 16 on CUDA); 16 also where a
 # draft model proposes, whose scratch blocks and per-step copies of each sequence's tail block grow with the block.
@@ -129,6 +134,8 @@ class EngineConfig:
             self.dtype = "float32"
         if self.dtype in ("bf16",):
             self.dtype = "bfloat16"
+        if self.dtype in FP16_DTYPE_NAMES:
+            raise ValueError(FP16_REFUSAL)
         if self.dtype not in (*_DTYPES, "auto"):
             fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
         if self.dtype == "auto" and self.quantization is None and (

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from pagedcore.config import FP16_DTYPE_NAMES, FP16_REFUSAL
+
 # The dtypes weights and the KV cache may have; the names are what users pass on the command line.
 SUPPORTED_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -28,6 +30,8 @@ def dtype_name(dtype: str | torch.dtype) -> str:
         return dtype
     elif dtype in ("fp32", "float", "bf16"):
         return {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}[dtype]
+    if dtype in FP16_DTYPE_NAMES or dtype is torch.float16:
+        raise ValueError(FP16_REFUSAL)
     raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(SUPPORTED_DTYPES)}")
 
 

@@ -208,7 +208,8 @@ def test_dense_layer_uses_the_plans_library_above_the_kernel_rows(monkeypatch, d
 def test_dispatch_report_lists_every_family(caplog):
     report = dict(linear_isa.dispatch_report())
     for family in ("cpu", "attention", "dense linear kernel", "norms + rotary", "quantized linear",
-                   "dense fp32 GEMM plan", "dense bf16 GEMM plan", "library GEMM ISA", "kernel threads"):
+                   "dense fp32 GEMM plan", "dense bf16 GEMM plan", "dense fp16 GEMM plan", "16-bit weights, fp32 x",
+                   "library GEMM ISA", "kernel threads"):
         assert report.get(family), family
     from pagedcore import _core
 
@@ -219,7 +220,7 @@ def test_dispatch_report_lists_every_family(caplog):
     assert ("vdpbf16ps pair dot products" in report["attention"]) == (isa in ("avx512_bf16", "generic16_bf16"))
     from pagedcore.ops.dense_repack import dense_repack_enabled
 
-    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         if dense_repack_enabled(dtype):   # x16 layers run our kernel at every row count
             assert f"{name}x16 repacked at load" in report[f"dense {name} GEMM plan"]
             continue

@@ -76,3 +76,15 @@ def test_the_override_sizes_the_kv_cache():
     engine = LLMEngine(engine_config_from_args(parse("--num-gpu-blocks-override", "40", "--max-model-len", "256",
                                                      "--dtype", "float32")))
     assert engine.view.scheduler_stats().num_free_blocks == 40
+
+
+@pytest.mark.parametrize("dtype", ["half", "float16"])
+def test_vllms_half_dtype_is_refused_with_what_to_use(dtype):
+    """fp16 activations: no kernel computes in fp16; the message points at auto (an fp16 checkpoint's weights
+    held fp16 as stored) and bfloat16."""
+    with pytest.raises(ValueError, match="fp16 activations.*--dtype auto.*held fp16 as stored.*bfloat16"):
+        engine_config_from_args(parse("--dtype", dtype))
+    from pagedcore.model_config import dtype_name
+
+    with pytest.raises(ValueError, match="fp16 activations"):
+        dtype_name(dtype)

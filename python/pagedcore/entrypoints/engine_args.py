@@ -9,11 +9,13 @@ from pagedcore.config import EngineConfig
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+    # float16 / half are accepted here only to be refused by EngineConfig with the fix (vLLM users pass them).
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half"],
                    help="weights, activations and KV cache dtype. auto (default): a GGUF keeps its quantized "
-                        "blocks (fp32 activations), an HF folder runs float32; float32 | bfloat16: a GGUF is "
-                        "dequantised at load (float32 is token-exact with HF transformers). On a GPU auto "
-                        "means float32 (docs/quantization.md)")
+                        "blocks (fp32 activations), an HF folder runs float32 (a bf16 / fp16 checkpoint's "
+                        "weights held as stored: the same results, half the bytes); float32 | bfloat16: a GGUF "
+                        "is dequantised at load (float32 is token-exact with HF transformers). float16 / half "
+                        "(fp16 activations) are refused. On a GPU auto means float32 (docs/quantization.md)")
     g.add_argument("--quantization", "-q", default=None,
                    help="gguf (a .gguf file's blocks as stored; what auto does), int8_per_channel (a dense "
                         "checkpoint quantized to int8 at load, W8A8), gptq / awq / compressed-tensors (an HF "

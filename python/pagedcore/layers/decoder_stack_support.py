@@ -130,8 +130,8 @@ def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
         fmt = parts[0].format
         if fmt in STACK_QUANT_FORMATS:
             return ""
-        # A float tensor of a quantized file runs torch's F.linear in the layer (other rounding than the
-        # stack's dense kernel): rare in real files (llama.cpp quantizes every matrix), so not worth a rule.
+        # A float part left beside no other part (a whole float layer becomes dense at load) runs torch's
+        # F.linear in the layer (other rounding than the stack's dense kernel): not worth a rule.
         return f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs {sorted(STACK_QUANT_FORMATS)}"
     if dtype is torch.float32 and linear.method in HELD_16BIT_METHODS.values():
         return ""  # a checkpoint's bf16 / fp16 tensor held as stored: the kernels widen it under fp32 x

@@ -35,9 +35,9 @@ class VocabEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.dtype = dtype  # of the looked-up rows (the activations)
-        # A quantized file's bf16 or fp16 table (a GGUF's F16 / BF16 token_embd, a GPTQ / AWQ checkpoint's) under
-        # fp32 activations is held as stored (half the bytes; lookups widen rows exactly, the tied head's kernel
-        # widens the weights: the same values).
+        # A bf16 or fp16 table under fp32 activations (a GGUF's F16 / BF16 token_embd, a GPTQ / AWQ checkpoint's,
+        # a 16-bit HF checkpoint run in float32) is held as stored (half the bytes; lookups widen rows exactly, the
+        # tied head's kernel widens the weights: the same values).
         self.keep_16bit = keep_16bit and dtype is torch.float32
         # Left uninitialised: the checkpoint fills it (see linear.py).
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),  # [vocab, hidden]

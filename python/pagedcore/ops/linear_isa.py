@@ -115,7 +115,7 @@ def dispatch_report() -> list[tuple[str, str]]:
     ]
     from pagedcore.ops.dense_repack import dense_repack_enabled
 
-    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         if dense_repack_enabled(dtype):   # every row count runs the x16 kernel: no library hand-off
             rows.append((f"dense {name} GEMM plan", f"{name}x16 repacked at load: our kernel at every row count "
                          "(PAGEDCORE_DENSE_REPACK=0: the checkpoint layout and the library plan)"))
@@ -124,6 +124,12 @@ def dispatch_report() -> list[tuple[str, str]]:
         measured = not plan.measured.startswith("not measured")
         source = "measured on " + plan.measured.split(" (")[0] if measured else "not measured here"
         rows.append((f"dense {name} GEMM plan", f"{plan.describe()} [table row {gemm_isa()}: {source}]"))
+    from pagedcore.layers.linear import hold_16bit_enabled
+
+    rows.append(("16-bit weights, fp32 x", (
+        "a checkpoint's bf16 / fp16 tensors held as stored under fp32 activations, widened in registers "
+        f"({'vcvtph2ps / bf16 shifts' if isa.startswith('avx') else 'portable widening'}): the fp32 sums at half "
+        "the bytes" if hold_16bit_enabled() else "widened to fp32 at load (PAGEDCORE_HOLD_16BIT=0)")))
     rows.append(("library GEMM ISA", _library_isa()))
     from pagedcore import _core
 
