@@ -1,5 +1,5 @@
 """An HF checkpoint stored bf16 or fp16, run in float32 (dtype auto on an HF folder): every bias-less linear
-and the token table are held in the checkpoint's dtype (layers/linear.py hold_16bit_enabled; half the bytes of
+and the token table are held in the checkpoint's dtype (layers/held_weights.py hold_16bit_enabled; half the bytes of
 the fp32 copy the model used to make), and the kernels widen each weight exactly, so the model computes the
 same thing as with the values widened at load (PAGEDCORE_HOLD_16BIT=0): bit for bit for fp16 in either layout
 and for bf16 in the x16 layouts (AVX512-BF16 CPUs); within fp32 rounding for bf16's row layout (AVX2), whose

@@ -18,33 +18,17 @@ so the model code builds the same layers whatever the format.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagedcore.layers.activation import silu_mul
+from pagedcore.layers.held_weights import hold_16bit_enabled, source_dtype, widen_held_layer
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.ops import linear as linear_ops
 from pagedcore.ops import dense_repack, linear_dispatch
 from pagedcore.ops.dense_repack import X16Weight
 from pagedcore.ops.onednn_linear import PrepackedWeight
-
-
-def source_dtype(loaded) -> torch.dtype | None:
-    """The dtype a checkpoint tensor is stored in (a tensor's, a GGUF float tensor's), or None if not known."""
-    return loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
-
-
-def hold_16bit_enabled() -> bool:
-    """Whether an fp32 model holds its checkpoint's bf16 / fp16 tensors as stored (the default; the same values
-    and, in the x16 layouts and fp16's row layout, the same sums). PAGEDCORE_HOLD_16BIT=0 widens them to fp32 at
-    load instead (for A/B measurements)."""
-    env = os.environ.get("PAGEDCORE_HOLD_16BIT", "1")
-    if env not in ("0", "1"):
-        raise ValueError(f"PAGEDCORE_HOLD_16BIT={env!r}; set 1 (hold 16-bit checkpoint tensors as stored) or 0")
-    return env == "1"
 
 
 class KernelBinding:
@@ -277,21 +261,6 @@ class DenseLinearMethod(LinearMethod):
             gate_up = linear_ops.torch_linear(x, dense_repack.unpack_x16(packed), layer.bias)
         half = gate_up.shape[-1] // 2
         return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
-
-
-def widen_held_layer(layer: Linear) -> None:
-    """A layer holding a checkpoint's bf16 / fp16 weight under fp32 activations (HELD_16BIT_METHODS) becomes the
-    plain fp32 dense layer of the same values (a reload of other values; a move to a GPU, whose GEMMs take one
-    dtype). No-op for any other layer."""
-    if layer.method not in HELD_16BIT_METHODS.values():
-        return
-    weight = layer.weight
-    values = weight.unpacked() if isinstance(weight, X16Weight) else weight.data  # [out, in]
-    fp32 = LINEAR_METHODS["float32"]
-    layer.method = fp32
-    layer.weight = nn.Parameter(values.float().contiguous(), requires_grad=False)
-    layer._library = LibraryBinding(layer.weight)
-    fp32._bind(layer, x16=False)
 
 
 def current_x16_weight(layer: Linear) -> torch.Tensor | None:

@@ -27,7 +27,8 @@ from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear
 from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_batch_of
 from pagedcore.layers.decoder_stack_support import StackSupport, decoder_stack_support
 from pagedcore.layers.embedding import VocabParallelEmbedding
-from pagedcore.layers.linear import LinearMethod, RowParallelLinear, hold_16bit_enabled, linear_method
+from pagedcore.layers.held_weights import hold_16bit_enabled
+from pagedcore.layers.linear import LinearMethod, RowParallelLinear, linear_method
 from pagedcore.layers.linear_quant import BLOCK_METHODS
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 from pagedcore.model_config import ModelConfig
@@ -132,7 +133,7 @@ class LlamaModel(nn.Module):
         dtype = config.torch_dtype
         self.shard = shard
         # A quantized file (GGUF, GPTQ, AWQ, compressed-tensors), or an fp32 model of a 16-bit checkpoint (the
-        # linears likewise: layers/linear.py hold_16bit_enabled), keeps a bf16 or fp16 table as stored
+        # linears likewise: layers/held_weights.py hold_16bit_enabled), keeps a bf16 or fp16 table as stored
         keep_16bit = getattr(method, "format", None) in BLOCK_METHODS or (
             getattr(method, "format", None) == "float32" and hold_16bit_enabled())
         if shard is None:

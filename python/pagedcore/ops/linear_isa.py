@@ -124,7 +124,7 @@ def dispatch_report() -> list[tuple[str, str]]:
         measured = not plan.measured.startswith("not measured")
         source = "measured on " + plan.measured.split(" (")[0] if measured else "not measured here"
         rows.append((f"dense {name} GEMM plan", f"{plan.describe()} [table row {gemm_isa()}: {source}]"))
-    from pagedcore.layers.linear import hold_16bit_enabled
+    from pagedcore.layers.held_weights import hold_16bit_enabled
 
     rows.append(("16-bit weights, fp32 x", (
         "a checkpoint's bf16 / fp16 tensors held as stored under fp32 activations, widened in registers "
