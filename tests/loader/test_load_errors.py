@@ -169,7 +169,7 @@ def test_gguf_with_an_unsupported_tensor_type(tmp_path):
 
 
 def test_unsupported_dtype():
-    with pytest.raises(ValueError, match="dtype 'float16' is not supported.*bfloat16"):
+    with pytest.raises(ValueError, match=r"float16 \(fp16 activations\) is not supported.*bfloat16"):
         load_model(None, dtype="float16")
 
 

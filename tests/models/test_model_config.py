@@ -29,7 +29,7 @@ def test_valid_config_and_derived_sizes():
     ({"num_kv_heads": 3}, r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
     ({"head_dim": 15}, "head_dim .* must be even"),
     ({"rms_norm_eps": 0.0}, "rms_norm_eps must be > 0"),
-    ({"dtype": "float16"}, "dtype 'float16' is not supported"),
+    ({"dtype": "float16"}, r"float16 \(fp16 activations\) is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_scaling type 'yarn' is not supported"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks .*low_freq_factor"),
     ({"rope_scaling": {"rope_type": "linear"}}, "needs a positive 'factor'"),
