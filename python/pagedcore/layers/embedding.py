@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedcore.layers.held_weights import source_dtype
 from pagedcore.layers.linear import KernelBinding
 from pagedcore.layers.linear_quant import QUANT_MAX_ROWS
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
@@ -58,7 +59,7 @@ class VocabEmbedding(nn.Module):
         block_format = getattr(loaded, "block_format", None)
         if block_format is None:
             if self.keep_16bit:  # held as stored if 16-bit, else (a reload of other values too) in self.dtype
-                held = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
+                held = source_dtype(loaded)
                 want = held if held in (torch.bfloat16, torch.float16) else self.dtype
                 if self.weight.dtype is not want:
                     self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=want), requires_grad=False)

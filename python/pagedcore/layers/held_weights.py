@@ -34,18 +34,14 @@ def widen_held_layer(layer) -> None:
     """A Linear holding a checkpoint's bf16 / fp16 weight under fp32 activations (HELD_16BIT_METHODS) becomes the
     plain fp32 dense layer of the same values (a reload of other values; a move to a GPU, whose GEMMs take one
     dtype). No-op for any other layer."""
-    from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS, LibraryBinding  # (it imports this)
+    from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS  # (it imports this module)
     from pagedcore.ops.dense_repack import X16Weight
 
     if layer.method not in HELD_16BIT_METHODS.values():
         return
     weight = layer.weight
     values = weight.unpacked() if isinstance(weight, X16Weight) else weight.data  # [out, in]
-    fp32 = LINEAR_METHODS["float32"]
-    layer.method = fp32
-    layer.weight = nn.Parameter(values.float().contiguous(), requires_grad=False)
-    layer._library = LibraryBinding(layer.weight)
-    fp32._bind(layer, x16=False)
+    LINEAR_METHODS["float32"].take(layer, values.float().contiguous())
 
 
 def widen_held_weights(model: nn.Module) -> int:

@@ -164,10 +164,8 @@ class DenseLinearMethod(LinearMethod):
                              f"not {param_name!r}; is the checkpoint quantised in a format pagedcore lacks?")
         if param_name == "weight" and isinstance(layer.weight, X16Weight):
             restore_checkpoint_layout(layer)  # a reload after processing: rows are written in the checkpoint layout
-        if (param_name == "weight" and self in HELD_16BIT_METHODS.values()
-                and source_dtype(loaded) is not self.dtype):
-            # A held 16-bit layer receiving other values (a reload from an fp32 tensor): fp32 again, losslessly.
-            widen_held_layer(layer)
+        if param_name == "weight" and self in HELD_16BIT_METHODS.values() and source_dtype(loaded) is not self.dtype:
+            widen_held_layer(layer)  # a held 16-bit layer receiving other values: fp32 again, losslessly
             layer.method.load(layer, param_name, loaded, name, rows)
             return
         param = layer.weight if param_name == "weight" else layer.bias
@@ -185,18 +183,14 @@ class DenseLinearMethod(LinearMethod):
                 layer._library.prepack(layer.weight, layer.bias)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """An fp32 layer whose checkpoint tensors were all bf16 or all fp16 (and that has no bias) is held in
-        that dtype instead (hold_16bit: the same values, half the bytes; the kernels widen them exactly).
-        Then repacks W into its x16 layout where that is on and the shape allows (dense_repack); the
-        checkpoint-layout tensor is dropped (freed unless something else holds it)."""
+        """A bias-less fp32 layer whose checkpoint tensors were all bf16 or all fp16 is held in that dtype
+        (layers/held_weights.py). Then repacks W into its x16 layout where that is on and the shape allows
+        (dense_repack); the checkpoint-layout tensor is dropped (freed unless something else holds it)."""
         held = HELD_16BIT_METHODS.get(next(iter(layer._source_dtypes))) if len(layer._source_dtypes) == 1 else None
         if (self.dtype is torch.float32 and self.x_dtypes == (torch.float32,) and held is not None
                 and layer.bias is None and layer.weight.is_cpu and not isinstance(layer.weight, X16Weight)
                 and hold_16bit_enabled()):
-            layer.method = held
-            layer.weight = nn.Parameter(layer.weight.data.to(held.dtype), requires_grad=False)  # exact
-            layer._library = LibraryBinding(layer.weight)
-            held._bind(layer, x16=False)
+            held.take(layer, layer.weight.data.to(held.dtype))  # exact
             held.process_weights_after_loading(layer)
             return
         weight = layer.weight
@@ -208,6 +202,13 @@ class DenseLinearMethod(LinearMethod):
         layer.weight = nn.Parameter(X16Weight.of(weight.data), requires_grad=False)
         layer._library.packed = None  # every row count runs the x16 kernel: no oneDNN copy
         self._bind(layer, x16=True)
+
+    def take(self, layer: Linear, weight: torch.Tensor) -> None:
+        """`layer` (no bias) becomes this method's, holding `weight` [out, in] of self.dtype (held_weights.py)."""
+        layer.method = self
+        layer.weight = nn.Parameter(weight, requires_grad=False)
+        layer._library = LibraryBinding(layer.weight)
+        self._bind(layer, x16=False)
 
     @staticmethod
     def _bind(layer: Linear, x16: bool) -> None:
@@ -288,9 +289,8 @@ LINEAR_METHODS: dict[str, LinearMethod] = {
     "float32": DenseLinearMethod("float32", torch.float32),
     "bfloat16": DenseLinearMethod("bfloat16", torch.bfloat16),
 }
-# bf16 / fp16 weights under fp32 activations: a layer a quantized HF checkpoint left unquantized in bf16 or
-# fp16 (its lm_head; GPTQ and AWQ store fp16), held as stored; the kernels widen the weights (exact: the
-# sums of an fp32 copy), torch's path widens them per call.
+# bf16 / fp16 weights under fp32 activations, held as stored (layers/held_weights.py); the kernels widen the
+# weights (exact: the sums of an fp32 copy), torch's path widens them per call.
 BF16_WEIGHTS_FP32_ACTIVATIONS = DenseLinearMethod("bfloat16", torch.bfloat16, x_dtypes=(torch.bfloat16, torch.float32))
 FP16_WEIGHTS_FP32_ACTIVATIONS = DenseLinearMethod("float16", torch.float16, x_dtypes=(torch.float32,))
 # Checkpoint dtype -> the method that holds such a layer as stored under fp32 activations.

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedcore.layers import held_weights
 from pagedcore.layers.linear import Linear, LinearMethod
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 
@@ -106,7 +107,7 @@ class QuantLinearMethod(LinearMethod):
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
-        source_dtype = loaded.dtype if isinstance(loaded, torch.Tensor) else getattr(loaded, "source_dtype", None)
+        source_dtype = held_weights.source_dtype(loaded)
         if self.quantize_dense_to == INT8_PER_CHANNEL:
             from pagedcore.ops.quant_linear import quantize_int8_per_channel
 
