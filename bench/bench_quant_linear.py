@@ -57,15 +57,21 @@ def loadavg() -> str:
 
 
 def random_weight(fmt: str, N: int, K: int, rng: np.random.Generator):
-    """(weight of `fmt`, int8 scales or None); a repacked format (q4_kx16, ...) is the ggml weight repacked."""
-    from pagedcore.ops.quant_linear import INT8_FORMAT, row_bytes
+    """(weight of `fmt`, per-row scales (int8, fp8) or None); a repacked format (q4_kx16, ...) is the ggml weight
+    repacked."""
+    from pagedcore.ops.quant_linear import FP8_FORMATS, INT8_FORMAT, row_bytes
     if fmt.endswith("x16"):
         from pagedcore.ops.quant_repack import repack_x16
 
         ggml = fmt.removesuffix("x16")
-        return repack_x16(random_weight(ggml, N, K, rng)[0], ggml, K), None
+        weight, scales = random_weight(ggml, N, K, rng)
+        return repack_x16(weight, ggml, K), scales
     if fmt == INT8_FORMAT:
         return torch.from_numpy(rng.integers(-127, 128, size=(N, K), dtype=np.int8)), torch.full((N,), 0.01)
+    if fmt in FP8_FORMATS:  # e4m3 codes, the NaN codes (0x7f, 0xff) avoided
+        codes = rng.integers(0, 256, size=(N, K), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0
+        return torch.from_numpy(codes), torch.full((N,), 0.01)
     raw = rng.integers(0, 256, size=(N, row_bytes(fmt, K)), dtype=np.uint8)
     blocks = raw.reshape(N, -1, _BLOCK_BYTES[fmt])
     for off in _F16_OFFSETS[fmt]:

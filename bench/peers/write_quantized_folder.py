@@ -8,11 +8,12 @@ the kernels add).
     .venv/bin/python bench/peers/write_quantized_folder.py gptq /tmp/smollm2-135m-gptq [--group-size 64] [--dense]
     .venv/bin/python bench/peers/write_quantized_folder.py awq|gptq8 OUT
     .venv/bin/python bench/peers/write_quantized_folder.py ct-w8a8|ct-w4a16|ct-w8a16|... OUT   # compressed-tensors
+    .venv/bin/python bench/peers/write_quantized_folder.py ct-fp8-dynamic|fp8-dynamic|... OUT  # fp8 (e4m3)
 
 Round-to-nearest (GPTQ sym; AWQ min..max with a zero point; compressed-tensors as its schemes define the
 scales), with no GPTQ error feedback, AWQ scaling search or SmoothQuant: a stand-in for the formats, not
 for their quality. The packing is the tests' (tests/quantization/gptq_awq_checkpoints.py,
-compressed_tensors_checkpoints.py), written from the formats' definitions.
+compressed_tensors_checkpoints.py, fp8_checkpoints.py), written from the formats' definitions.
 """
 
 import argparse
@@ -31,6 +32,7 @@ def write(method: str, src: str, dst: str, group_size: int, source_dtype: str | 
     from safetensors.torch import load_file, save_file
 
     from tests.quantization import compressed_tensors_checkpoints as ct
+    from tests.quantization import fp8_checkpoints as fp8
     from tests.quantization.gptq_awq_checkpoints import LINEARS, pack_awq, pack_gptq, quantize_groups
 
     shutil.rmtree(dst, ignore_errors=True)
@@ -48,6 +50,10 @@ def write(method: str, src: str, dst: str, group_size: int, source_dtype: str | 
         prefix, _, leaf = name.rpartition(".")
         if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
             out[name] = tensor.contiguous()
+        elif method in fp8.SCHEMES:  # scales in the model's dtype (compressed-tensors) or fp32 (vLLM's fp8)
+            scale_dtype = torch.float32 if fp8.SCHEMES[method][0] == "fp8" else tensor.dtype
+            q, scales = fp8.quantize(tensor.float(), fp8.SCHEMES[method][1], scale_dtype)
+            out.update({f"{prefix}.{key}": value for key, value in fp8.layer_tensors(q, scales, method).items()})
         elif method.startswith("ct-"):
             fmt, ct_bits, strategy, size, symmetric, _, _ = ct.SCHEMES[method[3:]]
             q, scales, zp, g_idx = ct.quantize(tensor.float(), ct_bits, strategy, size, symmetric, tensor.dtype)
@@ -64,6 +70,7 @@ def write(method: str, src: str, dst: str, group_size: int, source_dtype: str | 
     if source_dtype:
         config["torch_dtype"] = source_dtype
     config["quantization_config"] = (
+        fp8.quantization_config(method) if method in fp8.SCHEMES else
         ct.quantization_config(method[3:]) if method.startswith("ct-") else
         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
         if method == "awq" else
@@ -94,8 +101,10 @@ def write_dense(src: str, dst: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from tests.quantization.compressed_tensors_checkpoints import SCHEMES
+    from tests.quantization.fp8_checkpoints import SCHEMES as FP8_SCHEMES
 
-    parser.add_argument("method", choices=["gptq", "gptq8", "awq", *(f"ct-{name}" for name in SCHEMES)])
+    parser.add_argument("method", choices=["gptq", "gptq8", "awq", *(f"ct-{name}" for name in SCHEMES),
+                                           *FP8_SCHEMES])
     parser.add_argument("out", help="the folder to write (replaced)")
     parser.add_argument("--src", default="/tmp/smollm2-135m-hf", help="a dense HF folder")
     parser.add_argument("--group-size", type=int, default=64, help="GPTQ / AWQ (compressed-tensors: the scheme's)")

@@ -44,7 +44,7 @@ void bind_decoder_stack(py::module_& m) {
                w.gate_up = ptr<const void>(v[7]);
                w.down = ptr<const void>(v[8]);
                // Per linear (qkv, o_proj, gate_up, down): its weight format (None: dense, the stack's
-               // dtype) and the fp32 per-row scales of an int8_per_channel weight (0: none).
+               // dtype) and the fp32 per-row scales of an int8_per_channel or fp8 weight (0: none).
                for (int i = 0; i < kernels::kNumStackLinears; ++i) {
                  if (formats) {
                    if ((*formats)[l].size() != kernels::kNumStackLinears)

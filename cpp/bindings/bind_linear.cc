@@ -36,7 +36,9 @@ void bind_linear(py::module_& m) {
       .value("F32X16", kernels::WeightFormat::kDenseF32x16)
       .value("BF16X16", kernels::WeightFormat::kDenseBf16x16)
       .value("DENSE_F16", kernels::WeightFormat::kDenseF16)
-      .value("F16X16", kernels::WeightFormat::kDenseF16x16);
+      .value("F16X16", kernels::WeightFormat::kDenseF16x16)
+      .value("FP8_E4M3", kernels::WeightFormat::kDenseFp8E4M3)
+      .value("FP8_E4M3X16", kernels::WeightFormat::kDenseFp8E4M3x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,
@@ -87,6 +89,15 @@ void bind_linear(py::module_& m) {
       },
       py::arg("weight_format"), py::arg("isa") = -1,
       "The ISA whose quantized kernels run weight_format for isa (-1: the active one), or None.");
+  m.def(
+      "dense_kernel_isa_for",
+      [](kernels::WeightFormat format, int32_t isa) -> std::optional<std::string> {
+        const kernels::Isa chosen = isa_or_active(isa);
+        if (!kernels::has_dense_kernel(format, chosen)) return std::nullopt;
+        return std::string(kernels::isa_name(chosen));
+      },
+      py::arg("weight_format"), py::arg("isa") = -1,
+      "The ISA whose dense kernels run weight_format for isa (-1: the active one), or None.");
   m.def(
       "has_embedding_rows", [](kernels::WeightFormat format) { return kernels::has_embedding_rows(format); },
       py::arg("weight_format"), "Whether embedding_rows_cpu decodes tables of weight_format.");

@@ -66,18 +66,19 @@ Status check(const DecoderStackParams& p) {
     for (int i = 0; i < kNumStackLinears; ++i) {
       // A dense weight is read as the activations' dtype; the quantized formats carry their own. Under fp32
       // activations a dense weight may also be bf16 or fp16, a checkpoint's 16-bit tensor held as stored
-      // (the kernels widen it exactly).
+      // (the kernels widen it exactly). fp8 weights take either activation dtype (x widened to fp32).
       const WeightFormat f = w.format[i].value_or(dense_weight_format(p.dtype));
       const bool held_16bit = p.dtype == DType::kFloat32 &&
                               (is_dense_format_of(f, DType::kBFloat16) || f == WeightFormat::kDenseF16 ||
                                f == WeightFormat::kDenseF16x16);
-      if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype) && !held_16bit)  // (checkpoint or x16)
+      if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype) && !held_16bit &&  // (checkpoint or x16)
+          !is_fp8_format(f))
         return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
                                " weight in a stack of " +
                                (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");
-      if (is_int8_per_channel(f) != (w.scales[i] != nullptr))
+      if ((is_int8_per_channel(f) || is_fp8_format(f)) != (w.scales[i] != nullptr))
         return Status::invalid("decoder_stack: layer " + str(l) + ": per-row scales go with int8_per_channel "
-                               "weights, and only with them");
+                               "and fp8 weights, and only with them");
     }
   }
   return Status::ok();

@@ -42,7 +42,8 @@ enum StackLinear { kStackQkvProj = 0, kStackOProjLinear, kStackGateUpProj, kStac
 // each linear weight is stored as its `format` says: unset, dense rows of the stack's dtype;
 // otherwise a quantized format of linear.h (GGUF blocks as stored, or int8 per channel with its
 // fp32 per-row `scales`), run by the same quantized kernels the Python layers call, a dense x16
-// repack, or (fp32 stacks) a checkpoint's bf16 / fp16 tensor held as stored (rows or x16).
+// repack, (fp32 stacks) a checkpoint's bf16 / fp16 tensor held as stored (rows or x16), or fp8 e4m3
+// bytes (rows or x16) with their fp32 per-row `scales` (the dense kernels: x widened, never quantized).
 struct DecoderLayerWeights {
   const void* input_norm = nullptr;  // [E]
   const void* post_norm = nullptr;   // [E]
@@ -54,7 +55,7 @@ struct DecoderLayerWeights {
   const void* gate_up = nullptr;     // [2 I, E]: gate rows, then up rows
   const void* down = nullptr;        // [E, I]
   std::optional<WeightFormat> format[kNumStackLinears];  // unset: dense_weight_format(dtype)
-  const float* scales[kNumStackLinears] = {};           // [N] fp32 for kInt8PerChannel, else nullptr
+  const float* scales[kNumStackLinears] = {};           // [N] fp32 for int8 per channel and fp8, else nullptr
   // [K] int64 or nullptr: an act-order GPTQ layer multiplies x[:, input_perm] (its inputs sorted by group
   // at load, loader/int4_checkpoint.py); the stack gathers them before the kernel (LoRA terms read x as is).
   const int64_t* input_perm[kNumStackLinears] = {};

@@ -1,6 +1,6 @@
-// The dense kernels of the repacked x16 layouts (linear.h kDenseF32x16, kDenseBf16x16), written once
-// against the vector trait V of the including unit (linear_impl.h includes this inside its per-ISA
-// namespace set-up; see there for why nothing here is shared between units).
+// The dense kernels of the repacked x16 layouts (linear.h kDenseF32x16, kDenseBf16x16, kDenseF16x16,
+// kDenseFp8E4M3x16), written once against the vector trait V of the including unit (linear_impl.h
+// includes this inside its per-ISA namespace set-up; see there for why nothing here is shared between units).
 //
 // Outer-product form: lane l of an accumulator is output column l of a 16-column group, x[m, k] is
 // broadcast, so no accumulator is ever folded horizontally:
@@ -10,6 +10,9 @@
 //                                   what vdpbf16ps takes against x[m, k:k+2] broadcast as 32 bits
 //   f16x16   W [N/16][K][16]        IEEE fp16; one 32-byte load = 16 columns at one k, widened
 //                                   (F16C): f32x16's loop and sums at half the bytes
+//   fp8x16   W [N/16][K][16]        e4m3 bytes; one W-byte load = W columns at one k, widened exactly at
+//                                   2^-8 of their values (V::load_e4m3_low), the sums then times 2^8:
+//                                   f32x16's sums at a quarter of the bytes (linear_impl.h: kFp8)
 //
 //   acc[i][v] (MR rows x NV column vectors) += x[m + i, k] * W[group, k, v lanes]     over all of K
 //
@@ -40,7 +43,7 @@ constexpr int kX16Vecs = V::kRegs >= 32 ? 3 : 2;      // column vectors per regi
 constexpr int kX16Groups = kX16Vecs / kX16VecsPerGroup;  // 3 groups (AVX-512), 1 (AVX2)
 constexpr int kX16Rows = V::kRegs >= 32 ? 8 : 6;      // rows per tile: 24 / 12 accumulators
 
-enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2, kX16F16Widen = 3 };
+enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2, kX16F16Widen = 3, kX16Fp8Widen = 4 };
 
 // Rows per tile of a mode: widening keeps an even and an odd vector per column vector live, so with 16
 // registers (AVX2) 6 rows would need 12 + 4 + 1 = 17 and spill; 5 rows fit (10 + 4 + 1).
@@ -54,13 +57,14 @@ template <int MR, int NG, int kMode>
 inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst, int64_t ds) {
   constexpr int NV = NG * kX16VecsPerGroup;
   const int64_t K = a.K;
-  const int64_t group_elems = K * kX16Cols;  // elements of one group (fp32, bf16 or fp16)
+  const int64_t group_elems = K * kX16Cols;  // elements of one group (fp32, bf16, fp16 or fp8)
   R acc[MR * NV];
 #pragma GCC unroll 32
   for (int q = 0; q < MR * NV; ++q) acc[q] = V::zero();
 
-  if constexpr (kMode == kX16F32 || kMode == kX16F16Widen) {
-    using WeightT = std::conditional_t<kMode == kX16F32, float, uint16_t>;
+  if constexpr (kMode == kX16F32 || kMode == kX16F16Widen || kMode == kX16Fp8Widen) {
+    using WeightT = std::conditional_t<kMode == kX16F32, float,
+                                       std::conditional_t<kMode == kX16F16Widen, uint16_t, uint8_t>>;
     const WeightT* w = static_cast<const WeightT*>(a.w) + g0 * group_elems;  // [NG][K][16]
     const float* xr[MR];
     for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
@@ -69,8 +73,10 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
 #pragma GCC unroll 8
       for (int q = 0; q < NV; ++q) {
         const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
-        if constexpr (kMode == kX16F32) wv[q] = V::load(w + g * group_elems + k * kX16Cols + v * W);
-        else wv[q] = V::load_f16(w + g * group_elems + k * kX16Cols + v * W);
+        const WeightT* at = w + g * group_elems + k * kX16Cols + v * W;
+        if constexpr (kMode == kX16F32) wv[q] = V::load(at);
+        else if constexpr (kMode == kX16F16Widen) wv[q] = V::load_f16(at);
+        else wv[q] = V::load_e4m3_low(at);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
@@ -120,6 +126,10 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
         }
       }
     }
+  }
+  if constexpr (kMode == kX16Fp8Widen) {
+#pragma GCC unroll 32
+    for (int q = 0; q < MR * NV; ++q) acc[q] = V::mul(acc[q], V::set1(256.f));  // (load_e4m3_low's 2^-8)
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -176,6 +186,10 @@ void block_bf16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0,
 void block_f16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                   int64_t ds) {
   x16_block<kX16F16Widen>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_fp8x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                  int64_t ds) {
+  x16_block<kX16Fp8Widen>(a, m0, m1, n0, n1, dst, ds);
 }
 void block_bf16x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                        int64_t ds) {

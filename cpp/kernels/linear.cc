@@ -37,15 +37,18 @@ bool valid(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 
 bool dense(WeightFormat f) {
   return f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseBf16 || f == WeightFormat::kDenseF16 ||
-         f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
+         f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16 ||
+         is_fp8_format(f);
 }
 bool x16(WeightFormat f) {
-  return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16;
+  return f == WeightFormat::kDenseF32x16 || f == WeightFormat::kDenseBf16x16 || f == WeightFormat::kDenseF16x16 ||
+         f == WeightFormat::kDenseFp8E4M3x16;
 }
 constexpr int64_t kX16Cols = 16;  // output columns per group of the x16 layouts
 constexpr int64_t kX16TaskCols = 48;  // columns of the AVX-512 x16 register tile (dense_x16_impl.h)
 // Bytes of one weight row of K elements in a dense format (the x16 layouts hold the same bytes).
 int64_t weight_row_bytes(WeightFormat f, int64_t K) {
+  if (is_fp8_format(f)) return K;
   return K * (f == WeightFormat::kDenseF32 || f == WeightFormat::kDenseF32x16 ? 4 : 2);
 }
 
@@ -75,6 +78,9 @@ Status check(const LinearParams& p, int64_t out_cols) {
   if (p.weight_format == WeightFormat::kDenseBf16x16 && p.K % 2 != 0)
     return Status::invalid("linear: bf16x16 weights hold pairs along K; K = " + str(p.K) +
                            " is odd; keep the checkpoint layout");
+  if (is_fp8_format(p.weight_format) && !p.weight_scales)
+    return Status::invalid("linear: " + std::string(weight_format_name(p.weight_format)) +
+                           " weights need weight_scales (fp32 [N], one per weight row); got a null pointer");
   if (p.M == 0 || out_cols == 0) return Status::ok();
   if (!p.out || (p.K > 0 && (!p.x || !p.weight)))
     return Status::invalid("linear: a data pointer is null");
@@ -87,9 +93,10 @@ Status check(const LinearParams& p, int64_t out_cols) {
   const int64_t x_bytes = p.K > 0 ? ((p.M - 1) * p.x_stride + p.K) * elem_size(p.x_dtype) : 0;
   const int64_t w_bytes = p.N * weight_row_bytes(p.weight_format, p.K);
   const int64_t b_bytes = p.bias ? p.N * elem_size(p.bias_dtype) : 0;
+  const int64_t s_bytes = is_fp8_format(p.weight_format) ? p.N * 4 : 0;  // (other formats ignore the scales)
   if (overlaps(p.out, out_bytes, p.x, x_bytes) || overlaps(p.out, out_bytes, p.weight, w_bytes) ||
-      overlaps(p.out, out_bytes, p.bias, b_bytes))
-    return Status::invalid("linear: out overlaps x, weight or bias; write to a new tensor");
+      overlaps(p.out, out_bytes, p.bias, b_bytes) || overlaps(p.out, out_bytes, p.weight_scales, s_bytes))
+    return Status::invalid("linear: out overlaps x, weight, bias or weight_scales; write to a new tensor");
   return Status::ok();
 }
 
@@ -135,7 +142,8 @@ struct Plan {
   LinearBlockFn block;
   LinearBlockArgs args;
   int64_t out_cols, n_chunk, m_chunk, n_tasks, m_tasks;
-  bool direct;          // raw sums straight into out (fp32, no bias, no SwiGLU)
+  bool direct;          // raw sums straight into out (fp32, no scales, no bias, no SwiGLU)
+  const float* scales;  // [N] fp32 per-row weight scales (fp8), else nullptr
   int64_t sums_stride;  // row stride of a thread's raw-sum scratch
   int64_t sums_per_thread;
   float* sums;
@@ -163,6 +171,10 @@ void run_task(const LinearParams& p, const Plan& plan, int64_t task, int thread)
   if (p.bias) {
     e.bias_g = static_cast<const char*>(p.bias) + c0 * bsize;
     if (silu) e.bias_u = static_cast<const char*>(p.bias) + (plan.out_cols + c0) * bsize;
+  }
+  if (plan.scales) {  // [N] fp32: the task's gate (or only) rows, then its up rows
+    e.scale_g = plan.scales + c0;
+    if (silu) e.scale_u = plan.scales + plan.out_cols + c0;
   }
   e.out = static_cast<char*>(p.out) + (m0 * p.out_stride + c0) * elem_size(p.out_dtype);
   e.out_stride = p.out_stride;
@@ -198,6 +210,8 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kInt8PerChannelX16: return "int8_per_channelx16";
     case WeightFormat::kDenseF16: return "dense_f16";
     case WeightFormat::kDenseF16x16: return "f16x16";
+    case WeightFormat::kDenseFp8E4M3: return "fp8_e4m3";
+    case WeightFormat::kDenseFp8E4M3x16: return "fp8_e4m3x16";
   }
   return "unknown";
 }
@@ -212,6 +226,12 @@ WeightFormat dense_x16_weight_format(DType dtype) {
 
 bool is_dense_format_of(WeightFormat format, DType dtype) {
   return format == dense_weight_format(dtype) || format == dense_x16_weight_format(dtype);
+}
+
+bool is_fp8_format(WeightFormat f) { return f == WeightFormat::kDenseFp8E4M3 || f == WeightFormat::kDenseFp8E4M3x16; }
+
+bool has_dense_kernel(WeightFormat format, Isa isa) {
+  return dense(format) && isa_supported(isa) && linear_isa_kernels(isa).formats[static_cast<int>(format)].block;
 }
 
 const LinearIsaKernels& linear_isa_kernels(Isa isa) {
@@ -330,7 +350,8 @@ Status linear(const LinearParams& p, Isa isa) {
   plan.m_chunk = m_chunk;
   plan.n_tasks = (out_cols + n_chunk - 1) / n_chunk;
   plan.m_tasks = (p.M + m_chunk - 1) / m_chunk;
-  plan.direct = p.out_dtype == DType::kFloat32 && !p.bias && !silu;
+  plan.scales = is_fp8_format(p.weight_format) ? static_cast<const float*>(p.weight_scales) : nullptr;
+  plan.direct = p.out_dtype == DType::kFloat32 && !p.bias && !silu && !plan.scales;
   plan.sums_stride = n_chunk;
   plan.sums_per_thread = std::min(m_chunk, p.M) * n_chunk * (silu ? 2 : 1);
   plan.sums = nullptr;

@@ -52,6 +52,16 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //                  sums, in the same order, as kDenseF32 on the fp32 copy.
 //   kDenseF16x16:  fp16 [N/16][K][16] (kDenseF32x16's layout at half the bytes): the same sums as
 //                  kDenseF32x16 on the fp32 copy.
+// fp8 weights (vLLM's "fp8", compressed-tensors' float-quantized checkpoints: W8A16, x fp32 or bf16 widened
+// to fp32, never quantized), OCP e4m3 bytes with one fp32 scale per weight row (LinearParams.weight_scales):
+//   out[m, n] = weight_scales[n] * (x[m] . fp8_to_float(W[n]))  (+ bias[n]; kSiluMul: each of g and u times
+//   its own row's scale before the bias and the SwiGLU). The raw sums are kDenseF32's (x16: kDenseF32x16's)
+//   on the widened fp32 copy, bit for bit (the weights are widened at 2^-8 of their values and each sum
+//   scaled back, exactly unless some product or partial sum is under 2^-118); the scale is one multiply of
+//   each sum. The e4m3 NaN codes (0x7f, 0xff), which quantizers never write, are not handled: they read as
+//   +-480.
+//   kDenseFp8E4M3:    N contiguous rows of K bytes (the checkpoint layout).
+//   kDenseFp8E4M3x16: bytes [N/16][K][16] (kDenseF32x16's layout at a byte per weight; N a multiple of 16).
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -73,8 +83,10 @@ enum class WeightFormat : int32_t {
   kInt8PerChannelX16 = 17,
   kDenseF16 = 18,
   kDenseF16x16 = 19,
+  kDenseFp8E4M3 = 20,
+  kDenseFp8E4M3x16 = 21,
 };
-constexpr int kNumWeightFormats = 20;
+constexpr int kNumWeightFormats = 22;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);
@@ -82,13 +94,18 @@ WeightFormat dense_weight_format(DType dtype);
 WeightFormat dense_x16_weight_format(DType dtype);
 // True for the float formats of `dtype`'s weights: its checkpoint layout or its x16 repack.
 bool is_dense_format_of(WeightFormat format, DType dtype);
+// True for kDenseFp8E4M3 and kDenseFp8E4M3x16 (dense kernels, fp32 per-row weight_scales).
+bool is_fp8_format(WeightFormat format);
+// Whether linear(p, isa) runs a dense (not quantized) `format` with the kernels of `isa`: the CPU (and
+// build) has the ISA and its table a row for the format.
+bool has_dense_kernel(WeightFormat format, Isa isa);
 
 struct LinearParams {
   void* out = nullptr;           // [M, N] (kSiluMul: [M, N / 2]), row stride out_stride, out_dtype
   const void* x = nullptr;       // [M, K], row stride x_stride, x_dtype
   const void* weight = nullptr;  // [N, K] as weight_format stores it (dense: contiguous rows of K)
   const void* bias = nullptr;    // [N] or nullptr, bias_dtype
-  const void* weight_scales = nullptr;  // [N] fp32 per-row scales (kInt8PerChannel only), else nullptr
+  const void* weight_scales = nullptr;  // [N] fp32 per-row scales (int8 per channel, fp8), else nullptr
   int64_t M = 0;                 // rows of x (tokens)
   int64_t N = 0;                 // rows of weight (output features; kSiluMul: 2 x outputs)
   int64_t K = 0;                 // input features

@@ -1,4 +1,4 @@
-// The linear kernel's epilogue (linear_kernel.h LinearEpilogueArgs): bias, SwiGLU and bf16 rounding
+// The linear kernel's epilogue (linear_kernel.h LinearEpilogueArgs): row scales, bias, SwiGLU and bf16 rounding
 // of a task's raw fp32 sums, written against linear_impl.h's vector trait V, which includes this file
 // inside each per-ISA translation unit (same namespace, same rules). load_any is shared with
 // norm_impl.h, included after this file.
@@ -27,9 +27,11 @@ inline R silu(R g) {
 // One vector of outputs from W raw sums at g (and u).
 inline R epilogue_vec(const LinearEpilogueArgs& e, const float* g, const float* u, int64_t c) {
   R gv = V::load(g);
+  if (e.scale_g) gv = V::mul(gv, V::load(e.scale_g + c));  // (one rounding: the sum times its row's scale)
   if (e.bias_g) gv = V::add(gv, load_any(e.bias_g, e.bias_dtype, c));
   if (e.kind != LinearEpilogue::kSiluMul) return gv;
   R uv = V::load(u);
+  if (e.scale_u) uv = V::mul(uv, V::load(e.scale_u + c));
   if (e.bias_u) uv = V::add(uv, load_any(e.bias_u, e.bias_dtype, c));
   if (e.out_dtype == DType::kBFloat16)  // torch, op by op in bf16: round g and u, round silu(g)
     return V::mul(V::round_bf16(silu(V::round_bf16(gv))), V::round_bf16(uv));
@@ -48,7 +50,7 @@ void epilogue(const LinearEpilogueArgs& e) {
     }
     if (c < e.cols) {  // the last columns through the same vector code, via padded copies
       const int64_t n = e.cols - c;
-      alignas(64) float gt[W] = {}, ut[W] = {}, bg[W] = {}, bu[W] = {}, yt[W];
+      alignas(64) float gt[W] = {}, ut[W] = {}, bg[W] = {}, bu[W] = {}, sg[W] = {}, su[W] = {}, yt[W];
       alignas(64) uint16_t bg16[W] = {}, bu16[W] = {}, y16[W];
       std::memcpy(gt, g + c, n * sizeof(float));
       if (u) std::memcpy(ut, u + c, n * sizeof(float));
@@ -63,6 +65,10 @@ void epilogue(const LinearEpilogueArgs& e) {
       if (bias_u) std::memcpy(but, bias_u + offset, bias_bytes);
       t.bias_g = bias_g ? bgt : nullptr;
       t.bias_u = bias_u ? but : nullptr;
+      if (e.scale_g) std::memcpy(sg, e.scale_g + c, n * sizeof(float));
+      if (e.scale_u) std::memcpy(su, e.scale_u + c, n * sizeof(float));
+      t.scale_g = e.scale_g ? sg : nullptr;
+      t.scale_u = e.scale_u ? su : nullptr;
       const R y = epilogue_vec(t, gt, ut, 0);
       if (e.out_dtype == DType::kFloat32) {
         V::store(yt, y);

@@ -17,6 +17,9 @@
 // pair order (linear_kernel.h). With AVX512-BF16 and bf16 x, vdpbf16ps does pairs directly.
 // fp16 weights (kF16): a chunk of W fp16 widened by one conversion (F16C) against x in natural order,
 // otherwise kF32's loop: the same sums in the same order as the fp32 copy of the weights.
+// fp8 e4m3 weights (kFp8): likewise a chunk of W bytes widened exactly, at 2^-8 of their values (an fp16 read
+// of the byte's bits: V::load_e4m3_low), each sum then times 2^8: the fp32 copy's sums, bit for bit unless
+// some product or partial sum is under 2^-118 (subnormal at 2^-8 of it). The row scales are the epilogue's.
 #ifndef PC_ISA_NAMESPACE
 #error "define PC_ISA_NAMESPACE and PC_VEC before including linear_impl.h"
 #endif
@@ -26,6 +29,7 @@
 #include <type_traits>
 
 #include "kernels/linear_kernel.h"
+#include "kernels/linear_scalar_impl.h"
 
 #ifndef PC_LINEAR_PREFETCH
 #define PC_LINEAR_PREFETCH 1
@@ -39,40 +43,16 @@ using V = PC_VEC;
 using R = V::R;
 constexpr int W = V::W;
 
-enum Mode { kF32 = 0, kBf16Pairs = 1, kBf16Dot = 2, kF16 = 3 };
+enum Mode { kF32 = 0, kBf16Pairs = 1, kBf16Dot = 2, kF16 = 3, kFp8 = 4 };
 
 // Register tiles: MR rows of x x NR rows of W. Accumulators + x registers held across the NR
 // weight rows + the weight being widened must fit the register file (16 on AVX2, 32 on AVX-512).
 // Past kMaxRows, rows are done kMaxRows at a time.
 constexpr int kMaxRows = V::kRegs >= 32 ? 4 : 3;
 constexpr int tile_cols(int mode, int rows) {
-  if (V::kRegs >= 32) return rows <= 2 ? 8 : rows == 3 ? 6 : (mode == kBf16Pairs ? 4 : 5);  // (kF16: kF32's)
+  if (V::kRegs >= 32) return rows <= 2 ? 8 : rows == 3 ? 6 : (mode == kBf16Pairs ? 4 : 5);  // (kF16, kFp8: kF32's)
   if (mode == kBf16Pairs) return rows == 1 ? 8 : rows == 2 ? 4 : 3;
   return rows == 1 ? 8 : 4;
-}
-
-inline float bf16_scalar(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// IEEE fp16 -> fp32, exactly (kernel_types.h fp16_to_float's arithmetic; a copy of this unit's own).
-inline float f16_scalar(uint16_t h) {
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  if (exp == 0x1fu) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else {  // zero or subnormal: man * 2^-24 is exact in fp32
-    const float v = static_cast<float>(man) * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 // x value k of row `row` as the scalar tail reads it (the tail is in natural order in every layout).
@@ -85,6 +65,7 @@ template <int kMode>
 inline float w_at(const LinearBlockArgs& a, int64_t row, int64_t k) {
   if constexpr (kMode == kF32) return static_cast<const float*>(a.w)[row * a.K + k];
   else if constexpr (kMode == kF16) return f16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
+  else if constexpr (kMode == kFp8) return e4m3_scalar(static_cast<const uint8_t*>(a.w)[row * a.K + k]);
   else return bf16_scalar(static_cast<const uint16_t*>(a.w)[row * a.K + k]);
 }
 
@@ -101,7 +82,7 @@ constexpr int64_t kKSlice = 512;
 constexpr int64_t kKSliceMax = 768;  // up to this, K is one slice
 
 template <int kMode>
-constexpr int chunk_of() { return kMode == kF32 || kMode == kF16 ? W : 2 * W; }
+constexpr int chunk_of() { return kMode == kF32 || kMode == kF16 || kMode == kFp8 ? W : 2 * W; }
 
 // dst[i * ds + j] (=, or += after the first slice) x[m + i, k slice] . W[n + j, k slice], i < MR, j < NR.
 template <int MR, int NR, int kMode>
@@ -119,8 +100,8 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
 #pragma GCC unroll 32
   for (int q = 0; q < kAcc; ++q) acc[q] = V::zero();
 
-  if constexpr (kMode == kF32 || kMode == kF16) {
-    using WeightT = std::conditional_t<kMode == kF32, float, uint16_t>;
+  if constexpr (kMode == kF32 || kMode == kF16 || kMode == kFp8) {
+    using WeightT = std::conditional_t<kMode == kF32, float, std::conditional_t<kMode == kF16, uint16_t, uint8_t>>;
     constexpr int64_t kLineElems = 64 / sizeof(WeightT);
     const float* xr[MR];
     const WeightT* wr[NR];
@@ -138,7 +119,8 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
       for (int j = 0; j < NR; ++j) {
         R wv;
         if constexpr (kMode == kF32) wv = V::load(wr[j] + k);
-        else wv = V::load_f16(wr[j] + k);
+        else if constexpr (kMode == kF16) wv = V::load_f16(wr[j] + k);
+        else wv = V::load_e4m3_low(wr[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) acc[i * NR + j] = V::fmadd(xv[i], wv, acc[i * NR + j]);
       }
@@ -200,6 +182,8 @@ inline void tile(const LinearBlockArgs& a, int64_t m, int64_t n, float* dst, int
   for (; q + 4 <= kAcc; q += 4) V::reduce_add4(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], sums + q);
 #pragma GCC unroll 4
   for (; q < kAcc; ++q) sums[q] = V::reduce_add(acc[q]);
+  if constexpr (kMode == kFp8)
+    for (q = 0; q < kAcc; ++q) sums[q] *= 256.f;  // (V::load_e4m3_low's 2^-8, exactly)
   if (ks.last && k_vec < K) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
@@ -317,6 +301,9 @@ void block_bf16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, in
 void block_f16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
   block<kF16>(a, m0, m1, n0, n1, dst, ds);
 }
+void block_fp8(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst, int64_t ds) {
+  block<kFp8>(a, m0, m1, n0, n1, dst, ds);
+}
 void block_bf16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                     int64_t ds) {
   block<kBf16Dot>(a, m0, m1, n0, n1, dst, ds);
@@ -365,6 +352,8 @@ const LinearIsaKernels kKernels = {
         {},  // kInt8PerChannelX16: quant_linear.h's
         /* kDenseF16 */ {&block_f16, LinearXLayout::kF32Natural, nullptr},
         /* kDenseF16x16 */ {&block_f16x16, LinearXLayout::kF32Natural, nullptr},
+        /* kDenseFp8E4M3 */ {&block_fp8, LinearXLayout::kF32Natural, nullptr},
+        /* kDenseFp8E4M3x16 */ {&block_fp8x16, LinearXLayout::kF32Natural, nullptr},
     },
     &epilogue,
     &read,

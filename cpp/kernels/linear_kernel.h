@@ -44,13 +44,16 @@ using LinearBlockFn = void (*)(const LinearBlockArgs& a, int64_t m_begin, int64_
                                int64_t n_end, float* dst, int64_t dst_stride);
 
 // The epilogue of one task: rows x cols raw sums (g; for kSiluMul also u, the up rows) -> out.
-// bias_g / bias_u point at the task's first column's bias (nullptr: none).
+// bias_g / bias_u point at the task's first column's bias (nullptr: none); scale_g / scale_u likewise at
+// its rows' fp32 weight scales (fp8 weights: each sum times its row's scale first, then the bias).
 struct LinearEpilogueArgs {
   const float* g = nullptr;
   const float* u = nullptr;   // kSiluMul only
   int64_t sum_stride = 0;     // row stride of g and u
   const void* bias_g = nullptr;
   const void* bias_u = nullptr;
+  const float* scale_g = nullptr;  // [cols] fp32, or nullptr: no scale
+  const float* scale_u = nullptr;  // [cols] fp32 (kSiluMul, with scale_g)
   void* out = nullptr;        // the task's first element
   int64_t out_stride = 0;
   int64_t rows = 0;

@@ -312,6 +312,8 @@ const QuantIsaKernels kQuantKernels = {{
     /* kInt8PerChannelX16 */ PC_X16_I8_FN,
     /* kDenseF16 */ nullptr,
     /* kDenseF16x16 */ nullptr,
+    /* kDenseFp8E4M3 */ nullptr,  // (the dense family's: x stays float)
+    /* kDenseFp8E4M3x16 */ nullptr,
 }, &x_quant::quantize_rows};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN

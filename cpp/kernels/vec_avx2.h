@@ -39,11 +39,17 @@ struct VecAvx2 {
   }
   // 8 fp8 (kernels/fp8.h) widened through fp16 (F16C), as VecAvx512::load_fp8.
   static R load_fp8(const uint8_t* p, bool e4m3) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    if (!e4m3) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
-                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+    if (!e4m3) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
+    }
+    return _mm256_mul_ps(load_e4m3_low(p), _mm256_set1_ps(256.f));
+  }
+  // 8 e4m3 as fp32 at 2^-8 times their values (exact), as VecAvx512::load_e4m3_low.
+  static R load_e4m3_low(const uint8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7),
+                                         _mm_set1_epi16(static_cast<int16_t>(0xbfff))));
   }
   static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) { store_bf16(dst, load_fp8(p, e4m3)); }
   static void fp8_rows_to_bf16(const uint8_t* p, uint16_t* dst, int64_t count, bool e4m3) {  // count % W == 0

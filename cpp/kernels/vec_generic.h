@@ -9,6 +9,7 @@
 // The interface, the same in every trait (R: W floats; RI: 2 W bf16; M: a lane mask):
 //   W, kRegs (vector registers of the ISA), kHasDotBf16 (dot_bf16 is the hardware's)
 //   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32) load_f16 (IEEE fp16)
+//   load_fp8 (e4m3 / e5m2) load_e4m3_low (e4m3 at 2^-8 times its value)
 //   load_bf16_pairs (2 W bf16 -> even, odd lanes) load_i dot_bf16 (vdpbf16ps)
 //   16 lanes only (attention_dot_tiles.h): zero_i, interleave_bf16 (vpunpck{l,h}wd pairs of two
 //   rows), reduce_add16 (16 vectors -> one vector of their sums)
@@ -111,6 +112,12 @@ struct VecGeneric {
                              : std::ldexp(static_cast<float>((1 << mant) + m), e - bias - mant);
       r.v[i] = (p[i] & 0x80) ? -v : v;
     }
+    return r;
+  }
+  // W e4m3 at 2^-8 times their values (exact: the smallest, 2^-17, is an fp32 normal), as the SIMD traits'.
+  static R load_e4m3_low(const uint8_t* p) {
+    R r = load_fp8(p, true);
+    for (int i = 0; i < W; ++i) r.v[i] *= 0x1p-8f;
     return r;
   }
   static R round_bf16(const R& a) {

@@ -247,16 +247,22 @@ class WeightFormat(enum.Enum):
     INT8_PER_CHANNEL_X16 = 17
     DENSE_F16 = 18  # IEEE fp16 weights (a held GPTQ / AWQ head or table), fp32 x
     F16X16 = 19
+    FP8_E4M3 = 20  # OCP e4m3 bytes [N, K] with fp32 weight_scales [N]: W8A16, x fp32 (or bf16, widened)
+    FP8_E4M3X16 = 21  # the same bytes as [N/16][K][16] (N a multiple of 16)
 
 class LinearHandle:
     """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)
     or 1 (SiLU-and-multiply of gate rows then up rows), isa an index of kernel_isa_names() or -1 (active);
-    weight_scales: fp32 [N] per-row scales of an INT8_PER_CHANNEL weight (0 otherwise)."""
+    weight_scales: fp32 [N] per-row scales of an INT8_PER_CHANNEL or FP8_E4M3 weight (0 otherwise)."""
     def __init__(self, *, weight: int, bias: int, N: int, K: int, x_dtype: int, weight_format: WeightFormat,
                  bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1, weight_scales: int = 0) -> None: ...
     def __call__(self, out: int, x: int, M: int, x_stride: int, out_stride: int) -> None:
         """out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller)."""
 def set_linear_tuning(n_chunk: int = 0, m_chunk: int = 0) -> None: ...
+def quant_kernel_isa_for(weight_format: WeightFormat, isa: int = -1) -> str | None:
+    """The ISA whose quantized kernels run weight_format for isa (-1: the active one), or None."""
+def dense_kernel_isa_for(weight_format: WeightFormat, isa: int = -1) -> str | None:
+    """The ISA whose dense kernels run weight_format for isa (-1: the active one), or None."""
 def has_embedding_rows(weight_format: WeightFormat) -> bool:
     """Whether embedding_rows_cpu decodes tables of weight_format."""
 def embedding_rows_cpu(out: int, table: int, ids: int, num_ids: int, num_rows: int, K: int, out_stride: int,

@@ -22,12 +22,14 @@ SMALL_BLOCK_SIZE = 16
 # --quantization names (vLLM's where it has one): "gguf" serves a .gguf file's blocks as stored (the
 # default for a GGUF under --dtype auto); "int8_per_channel" quantizes a dense checkpoint at load
 # (int8 weights, one scale per output channel; W8A8 with dynamic per-token activation scales), named
-# like vLLM's online schemes (fp8_per_tensor, fp8_per_block); "gptq" / "awq" / "compressed-tensors" name
+# like vLLM's online schemes (fp8_per_tensor, fp8_per_block); "fp8" is vLLM's: an fp8 checkpoint's method, or
+# a dense checkpoint's weights quantized to e4m3 at load (one scale per output channel; weight-only, fp32
+# activations); "gptq" / "awq" / "compressed-tensors" name
 # the method of an HF folder stored quantized (optional there, as in vLLM: the checkpoint's
 # quantization_config decides). docs/quantization.md says more.
-QUANTIZATION_METHODS = ("gguf", "int8_per_channel", "gptq", "awq", "compressed-tensors")
+QUANTIZATION_METHODS = ("gguf", "int8_per_channel", "fp8", "gptq", "awq", "compressed-tensors")
 # Names vLLM knows for pre-quantized checkpoints or kernels pagedcore does not run: refused with the above.
-UNSUPPORTED_QUANTIZATION = ("gptq_marlin", "awq_marlin", "fp8", "bitsandbytes", "marlin", "ipex")
+UNSUPPORTED_QUANTIZATION = ("gptq_marlin", "awq_marlin", "bitsandbytes", "marlin", "ipex", "fbgemm_fp8", "modelopt")
 
 
 def quantization_error(name: str) -> str | None:
@@ -35,9 +37,10 @@ def quantization_error(name: str) -> str | None:
     if name in QUANTIZATION_METHODS:
         return None
     supported = ("gguf (a .gguf file's blocks served as stored: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), "
-                 "int8_per_channel (a dense checkpoint quantized to int8 at load), gptq / awq (an HF folder of "
+                 "int8_per_channel (a dense checkpoint quantized to int8 at load), fp8 (an HF folder of fp8 "
+                 "weights, or a dense checkpoint quantized to fp8 e4m3 at load), gptq / awq (an HF folder of "
                  "GPTQ / AWQ weights; the marlin kernels are CUDA's, the checkpoint loads as gptq / awq) or "
-                 "compressed-tensors (an HF folder of int8 W8A8 or int4 / int8 weight-only layers)")
+                 "compressed-tensors (an HF folder of int8 W8A8, int4 / int8 weight-only or fp8 layers)")
     if name in UNSUPPORTED_QUANTIZATION:
         return f"quantization {name!r} is not supported by pagedcore; use {supported}"
     return f"unknown quantization {name!r}; pagedcore supports {supported}"

@@ -2,7 +2,8 @@
 same arithmetic in float64: weights dequantised (gguf.quants for the block formats, q * scale for
 int8 per channel), activations quantized per block as the kernels do (blocks of 32 for the
 32-weight formats, 256 for the k-quants, the whole row for int8 per channel; d = max|x| / 127,
-q = round-half-even(x * (1 / d)) clamped to [-127, 127], in fp32), then x_q * d . w. Test-only."""
+q = round-half-even(x * (1 / d)) clamped to [-127, 127], in fp32), then x_q * d . w. fp8 e4m3 weights
+(scale * fp8 value) multiply the activations as they are (weight-only). Test-only."""
 
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ from gguf import quants as gguf_quants
 from .blocks import FORMATS
 
 
-def activation_block(weight_format: str, K: int) -> int:
+def activation_block(weight_format: str, K: int) -> int | None:
+    """Inputs per activation scale; None: activations not quantized (fp8 weights)."""
+    if weight_format.removesuffix("x16") == "fp8_e4m3":
+        return None
     if weight_format.removesuffix("x16") == "int8_per_channel":
         return K
     return 256 if weight_format.removesuffix("x16").endswith("_k") else 32  # q4_kx16: Q8_K as q4_k
 
 
-def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x fp32 [M, K] -> the values the kernel multiplies: q * d, fp64 [M, K]."""
+def quantize_activations(x: torch.Tensor, block: int | None) -> torch.Tensor:
+    """x fp32 [M, K] -> the values the kernel multiplies: q * d, fp64 [M, K] (block None: x itself)."""
+    if block is None:
+        return x.double()
     blocks = x.float().reshape(x.shape[0], -1, block)  # [M, K / block, block]
     d = blocks.abs().amax(-1, keepdim=True) / 127.0  # fp32 [M, K / block, 1]
     inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
@@ -38,6 +44,8 @@ def dequantize_weight(weight: torch.Tensor, weight_format: str, K: int,
         weight, weight_format = unpack_x16(weight, weight_format, K), weight_format.removesuffix("x16")
     if weight_format == "int8_per_channel":
         return weight.double() * scales.double()[:, None]
+    if weight_format == "fp8_e4m3":  # uint8 [N, K] e4m3 codes
+        return weight.view(torch.float8_e4m3fn).double() * scales.double()[:, None]
     values = gguf_quants.dequantize(np.ascontiguousarray(weight.numpy()), FORMATS[weight_format])
     return torch.from_numpy(values.reshape(weight.shape[0], K)).double()
 

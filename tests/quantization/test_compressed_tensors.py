@@ -145,7 +145,7 @@ W8A8_ACTIVATIONS = quantization_config("w8a8")["config_groups"]["group_0"]["inpu
 
 
 @pytest.mark.parametrize("config, match", [
-    (_config(format="float-quantized"), "format 'float-quantized'.*fp8"),
+    (_config(format="float-quantized"), "float-quantized weights of type int and 4 bits"),
     (_config(format="nvfp4-pack-quantized"), "format 'nvfp4-pack-quantized'"),
     (_config(weights={"type": "float"}), "float weights of 4 bits"),
     (_config(weights={"num_bits": 2}), "weights of 2 bits"),

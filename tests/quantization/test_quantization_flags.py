@@ -67,7 +67,7 @@ def test_refused_combinations(gguf_path, hf_folder):
             load_model(model, dtype="bfloat16", quantization=quantization)
 
 
-@pytest.mark.parametrize("method", ["bitsandbytes", "fp8", "modelopt"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "fbgemm_fp8", "modelopt"])
 def test_prequantized_hf_checkpoints_are_refused_by_name(hf_folder, tmp_path, method):
     import shutil
 

@@ -18,7 +18,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(fp16 activations) are refused. On a GPU auto means float32 (docs/quantization.md)")
     g.add_argument("--quantization", "-q", default=None,
                    help="gguf (a .gguf file's blocks as stored; what auto does), int8_per_channel (a dense "
-                        "checkpoint quantized to int8 at load, W8A8), gptq / awq / compressed-tensors (an HF "
+                        "checkpoint quantized to int8 at load, W8A8), fp8 (an fp8 checkpoint, or a dense one "
+                        "quantized to fp8 e4m3 at load; weight-only), gptq / awq / compressed-tensors (an HF "
                         "folder stored quantized, also found from its config.json when unset); see "
                         "docs/quantization.md")
     g.add_argument("--max-model-len", type=int, default=None,

@@ -49,7 +49,8 @@ class LayerTensors:
     # ("f32x16" / "bf16x16" / "f16x16", ops/dense_repack.py: the tensor is then the X16Weight's packed
     # layout), a checkpoint's 16-bit rows held as stored under fp32 activations (HELD_ROW_FORMATS), or a
     # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
-    # [N, row_bytes], int8 [N, K] for int8_per_channel), with int8_per_channel's fp32 per-row scales [N].
+    # [N, row_bytes], int8 [N, K] for int8_per_channel, uint8 [N, K] for fp8_e4m3 and its x16 layout), with
+    # int8_per_channel's and fp8_e4m3's fp32 per-row scales [N].
     formats: tuple[str | None, ...] = (None, None, None, None)
     scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
     # Per linear: its LoRA hook (pagedcore.lora.LoRALayerWeights: the slot stacks a_t, b_t, ranks,
@@ -83,7 +84,7 @@ LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of L
 
 
 def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
-    """(quantized format or None for dense, int8_per_channel scales or None) of a layer the stack runs."""
+    """(quantized format or None for dense, int8_per_channel / fp8 scales or None) of a layer the stack runs."""
     if isinstance(linear.method, QuantLinearMethod):
         part = linear.quant_parts[0]
         return part.format, part.scales

@@ -19,13 +19,13 @@ from pagedcore.layers.layernorm import RMSNorm
 from pagedcore.layers.linear import HELD_16BIT_METHODS, Linear, MergedLinear, RowParallelLinear
 from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.ops.dense_repack import X16_FORMATS, packed_shape
-from pagedcore.ops.quant_linear import INT8_FORMATS, QUANT_FORMATS, row_bytes
+from pagedcore.ops.quant_linear import INT8_FORMATS, QUANT_FORMATS, SCALED_FORMATS, row_bytes
 
 # What cpp/kernels/decoder_stack.h runs; decoder_stack_support() holds a model to it.
 # Rope scaling of any kind is in: the stack reads the cos/sin rows the Python RotaryEmbedding made.
 STACK_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 # Quantized linear layers (layers/linear_quant.py) of one format over all their rows run in the
-# stack too, by the same kernels: ops/quant_linear.py's formats.
+# stack too, by the same kernels: ops/quant_linear.py's formats (fp8 e4m3 rows with their scales included).
 STACK_QUANT_FORMATS = frozenset(QUANT_FORMATS)
 # The dense x16 repacks likewise run their own kernel at every row count in the layers (X16_MAX_ROWS).
 _X16_NAMES = frozenset(X16_FORMATS.values())
@@ -174,9 +174,11 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
                         f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
         for fmt, scales, field in zip(layer.formats, layer.scales, LINEAR_FIELDS):
             rows = shapes[field][0]
-            if (fmt in INT8_FORMATS) != (scales is not None) or (scales is not None and (
+            if (fmt in SCALED_FORMATS) != (scales is not None) or (scales is not None and (
                     scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
-                return f"layer {index} {field}: int8_per_channel needs contiguous fp32 scales of shape ({rows},)"
+                return (f"layer {index} {field}: {fmt or 'a dense weight'} "
+                        + (f"needs contiguous fp32 scales of shape ({rows},)" if fmt in SCALED_FORMATS else
+                           "takes no scales (int8_per_channel and fp8_e4m3 do)"))
         for perm, field in zip(layer.input_perms, LINEAR_FIELDS):
             cols = shapes[field][1]
             if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (cols,)

@@ -14,7 +14,8 @@ appended to it, so a layer whose shards share one format (the usual case) is one
 
 Formats: the GGUF block formats (rows of llama.cpp's blocks, uint8 [rows, row_bytes]), int8 per
 output channel (int8 [rows, in] + fp32 scales [rows], W8A8 with activations quantized per token by
-the kernel), and "float32" for a float tensor inside a quantized GGUF (llama.cpp writes F16/F32 for
+the kernel), fp8 e4m3 (uint8 codes [rows, in] + fp32 scales [rows]; the kernel widens them, x stays fp32),
+and "float32" for a float tensor inside a quantized GGUF (llama.cpp writes F16/F32 for
 some small tensors). Activations are fp32. Every row count runs the kernel (ops/quant_linear.py):
 there is no dequantised copy of any weight, so there is no GEMM fallback to pick for large steps.
 """
@@ -33,6 +34,8 @@ from pagedcore.layers.linear import Linear, LinearMethod
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 
 INT8_PER_CHANNEL = "int8_per_channel"
+FP8_E4M3 = "fp8_e4m3"  # the kernel format of fp8 weights (e4m3 bytes [rows, in] + fp32 scales [rows])
+FP8_PER_CHANNEL = "fp8_per_channel"  # the method of --quantization fp8 on a dense checkpoint (loader/quantization.py)
 _DENSE_PART = "float32"  # a float tensor of a quantized file, kept fp32 and run by torch
 QUANT_MAX_ROWS = 1 << 30  # rows a quantized kernel takes in one call: any (there is no library GEMM to hand off to)
 
@@ -44,8 +47,8 @@ class QuantPart:
     format: str  # a kernel format ("q4_1", ..., "int8_per_channel") or "float32"
     row_start: int
     num_rows: int
-    weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | fp32 [rows, in]
-    scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel only
+    weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | uint8 [rows, in] (fp8) | fp32 [rows, in]
+    scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel and fp8_e4m3 only
     source_dtype: torch.dtype | None = None  # a float part's dtype in the checkpoint (bf16 / fp16: held so, dense)
     kernels: dict = dataclasses.field(default_factory=dict)  # (silu_mul, x dtype) -> QuantLinearKernel
 
@@ -105,6 +108,9 @@ class QuantLinearMethod(LinearMethod):
         if hasattr(loaded, "int8_rows"):  # a checkpoint's int8 rows and their scales (W8A8), as stored
             values, scales = loaded.int8_rows()  # int8 [rows, in], fp32 [rows]
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
+        if hasattr(loaded, "fp8_rows"):  # a checkpoint's fp8 rows and their scales, as stored
+            values, scales = loaded.fp8_rows()  # uint8 [rows, in] e4m3 codes, fp32 [rows]
+            return QuantPart(FP8_E4M3, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
         source_dtype = held_weights.source_dtype(loaded)
@@ -113,6 +119,11 @@ class QuantLinearMethod(LinearMethod):
 
             values, scales = quantize_int8_per_channel(dense)  # int8 [rows, in], fp32 [rows]
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values.contiguous(), scales.contiguous())
+        if self.quantize_dense_to == FP8_E4M3:
+            from pagedcore.loader.fp8_checkpoint import quantize_fp8_per_channel
+
+            values, scales = quantize_fp8_per_channel(dense)  # uint8 [rows, in] e4m3 codes, fp32 [rows]
+            return QuantPart(FP8_E4M3, start, num_rows, values, scales)
         return QuantPart(_DENSE_PART, start, num_rows, dense, source_dtype=source_dtype)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -277,9 +288,10 @@ def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul:
 # Methods whose layers keep a checkpoint's quantized weights as loaded: a GGUF's blocks, or the blocks and
 # int8 rows a GPTQ / AWQ / compressed-tensors checkpoint becomes at load (loader/integer_weight.py).
 # An HF checkpoint's float tensors are layers it left unquantized (an untied lm_head, `ignore`): run as dense.
-HF_BLOCK_METHODS = ("gptq", "awq", "compressed-tensors")
+HF_BLOCK_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 BLOCK_METHODS = ("gguf", *HF_BLOCK_METHODS)
 QUANT_LINEAR_METHODS: dict[str, LinearMethod] = {
     **{name: QuantLinearMethod(name) for name in BLOCK_METHODS},
     INT8_PER_CHANNEL: QuantLinearMethod(INT8_PER_CHANNEL, quantize_dense_to=INT8_PER_CHANNEL),
+    FP8_PER_CHANNEL: QuantLinearMethod(FP8_PER_CHANNEL, quantize_dense_to=FP8_E4M3),
 }

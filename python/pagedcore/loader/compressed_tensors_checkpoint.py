@@ -16,10 +16,12 @@ What runs (integer_weight.py holds the conversions; every one is exact but Q4_1'
         -> int8_per_channel: the W8A8 kernel, per-token activation scales, as the checkpoint defines them
     8-bit weight-only (W8A16), symmetric, any group size a multiple of 32 -> Q8_0 blocks
     4-bit weight-only (W4A16), symmetric -> Q4_0; asymmetric -> Q4_1
-The weight-only schemes run on the block kernels, which quantize activations to int8 per block of 32 (as
-for a GGUF or a GPTQ checkpoint): not the checkpoint's 16-bit activations; docs/quantization.md says so.
-Layers the checkpoint leaves unquantized (`ignore`: lm_head, ...) are dense. Refused with the fix: fp8 /
-nvfp4 / mxfp4 (float-quantized), sparse and 2:4 formats, transforms, kv-cache scales, static or per-tensor
+    format "float-quantized": fp8 e4m3 weights, channel / tensor scales (llm-compressor's FP8, FP8_DYNAMIC)
+        -> fp8_e4m3 rows, as stored, run weight-only (loader/fp8_checkpoint.py)
+The weight-only integer schemes run on the block kernels, which quantize activations to int8 per block of 32
+(as for a GGUF or a GPTQ checkpoint): not the checkpoint's 16-bit activations; docs/quantization.md says so.
+Layers the checkpoint leaves unquantized (`ignore`: lm_head, ...) are dense. Refused with the fix: nvfp4 /
+mxfp4 and block-scaled fp8, sparse and 2:4 formats, transforms, kv-cache scales, static or per-tensor int8
 activation scales, asymmetric activations, W4A8, a config whose groups differ, block strategies, 8-bit
 asymmetric weights.
 """
@@ -33,14 +35,17 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
+from pagedcore.loader.fp8_checkpoint import Fp8Scheme, compressed_tensors_fp8_scheme
 from pagedcore.loader.gptq_awq_checkpoint import materialize
 from pagedcore.loader.integer_weight import BLOCK, ChannelInt8Weight, GroupedIntWeight, sorted_by_group
 
 METHOD = "compressed-tensors"
 _FORMATS = ("pack-quantized", "naive-quantized", "int-quantized")
+FLOAT_FORMAT = "float-quantized"  # fp8 weights: loader/fp8_checkpoint.py
 _PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
-_SUPPORTED = ("pagedcore runs compressed-tensors int8 W8A8 (channel weights, dynamic per-token activations) "
-              "and weight-only int4 / int8 (W4A16, W8A16; pack- or naive-quantized)")
+_SUPPORTED = ("pagedcore runs compressed-tensors int8 W8A8 (channel weights, dynamic per-token activations), "
+              "weight-only int4 / int8 (W4A16, W8A16; pack- or naive-quantized) and fp8 weights with channel or "
+              "tensor scales (float-quantized, run weight-only)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +63,7 @@ class CompressedTensorsScheme:
         return compressed_tensors_weights(weights, self, path)
 
 
-def compressed_tensors_scheme(quantization_config: dict[str, Any], path: str) -> CompressedTensorsScheme:
+def compressed_tensors_scheme(quantization_config: dict[str, Any], path: str) -> CompressedTensorsScheme | Fp8Scheme:
     """The scheme of a compressed-tensors quantization_config; what the kernels cannot run is refused."""
     qc = quantization_config
     groups = list((qc.get("config_groups") or {}).values())
@@ -70,10 +75,10 @@ def compressed_tensors_scheme(quantization_config: dict[str, Any], path: str) ->
             raise ModelLoadError(f"{path}: compressed-tensors config_groups with different schemes (mixed "
                                  f"precision) are not supported; {_SUPPORTED}, one scheme for every layer")
     fmt = str(first.get("format") or qc.get("format") or "").lower()
-    if fmt not in _FORMATS:
-        raise ModelLoadError(f"{path}: compressed-tensors format {fmt!r} is not supported (fp8 / fp4 weights, "
-                             f"sparse and 2:4 formats run on GPUs); {_SUPPORTED}: use such a checkpoint, the "
-                             "model's GGUF, or its unquantized weights (with --quantization int8_per_channel)")
+    if fmt not in (*_FORMATS, FLOAT_FORMAT):
+        raise ModelLoadError(f"{path}: compressed-tensors format {fmt!r} is not supported (fp4 weights, sparse "
+                             f"and 2:4 formats run on GPUs); {_SUPPORTED}: use such a checkpoint, the model's "
+                             "GGUF, or its unquantized weights (with --quantization int8_per_channel or fp8)")
     sparsity = qc.get("sparsity_config") or {}
     if sparsity and str(sparsity.get("format", "dense")).lower() != "dense":
         raise ModelLoadError(f"{path}: a sparse compressed-tensors checkpoint ({sparsity.get('format')}); "
@@ -85,6 +90,8 @@ def compressed_tensors_scheme(quantization_config: dict[str, Any], path: str) ->
                                  f"{_SUPPORTED}, without {key}")
     if first.get("output_activations"):
         raise ModelLoadError(f"{path}: quantized output activations are not supported; {_SUPPORTED}")
+    if fmt == FLOAT_FORMAT:  # fp8 weights (llm-compressor's FP8 / FP8_DYNAMIC): the fp8 kernels
+        return compressed_tensors_fp8_scheme(first, path, METHOD)
     w = first.get("weights") or {}
     bits, strategy = w.get("num_bits"), str(w.get("strategy") or "tensor").lower()
     group_size, symmetric = w.get("group_size"), bool(w.get("symmetric", True))

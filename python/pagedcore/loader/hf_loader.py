@@ -156,6 +156,10 @@ class SafetensorsWeight:
     def load_into(self, out: torch.Tensor) -> None:
         out.copy_(self._handle.get_tensor(self._name))
 
+    def read(self) -> torch.Tensor:
+        """The whole tensor, in its stored dtype (fp8 weights, 0-d scales)."""
+        return self._handle.get_tensor(self._name)
+
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         """Rows [start, start + length) along dim, read from the file (a dim-1 cut reads strided runs)."""
         index = tuple(slice(start, start + length) if d == dim else slice(None) for d in range(len(self.shape)))

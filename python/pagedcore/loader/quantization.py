@@ -10,7 +10,9 @@
     HF GPTQ auto|float32   None | gptq        Q4_0 / Q4_1 / Q8_0 blocks (gptq_awq_checkpoint.py)  float32
     HF AWQ  auto|float32   None | awq         Q4_1 blocks (gptq_awq_checkpoint.py)                 float32
     HF c-t  auto|float32   None | compressed-tensors   int8 per channel (W8A8) or Q4_0 / Q4_1 / Q8_0
-                                                  blocks (compressed_tensors_checkpoint.py)         float32
+                                                  blocks (compressed_tensors_checkpoint.py), or fp8   float32
+    HF fp8  auto|float32   None | fp8         fp8 e4m3 rows + per-row scales, as stored (fp8_checkpoint.py) float32
+    any     auto|float32   fp8                fp8 e4m3 per output row, quantized here    float32 (W8A16)
 
 An HF folder's quantization_config decides (as in vLLM, --quantization may be left unset or name the
 checkpoint's method). Refused: bfloat16 with kept quantized weights (the quantized kernels take fp32
@@ -27,6 +29,7 @@ from pagedcore.config import quantization_error
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.compressed_tensors_checkpoint import (METHOD as COMPRESSED_TENSORS, CompressedTensorsScheme,
                                                            compressed_tensors_scheme)
+from pagedcore.loader.fp8_checkpoint import FP8, Fp8Scheme, fp8_scheme
 from pagedcore.loader.gptq_awq_checkpoint import GPTQ_AWQ_METHODS, GptqAwqScheme, gptq_awq_scheme
 from pagedcore.loader.source import ModelSource
 from pagedcore.model_config import dtype_name
@@ -39,10 +42,11 @@ class WeightPlan:
     keep_blocks: bool  # a GGUF's quantized tensors stay blocks (linears and the embedding)
     # An HF checkpoint stored quantized (GPTQ, AWQ, compressed-tensors): scheme.convert(weights, path) turns
     # its layers' packed tensors into the integer weights the kernels hold (loader/integer_weight.py).
-    prequantized: GptqAwqScheme | CompressedTensorsScheme | None = None
+    prequantized: GptqAwqScheme | CompressedTensorsScheme | Fp8Scheme | None = None
 
 
-PREQUANTIZED_METHODS = (*GPTQ_AWQ_METHODS, COMPRESSED_TENSORS)
+PREQUANTIZED_METHODS = (*GPTQ_AWQ_METHODS, COMPRESSED_TENSORS)  # (fp8: a checkpoint's method, or quantize at load)
+FP8_ONLINE = "fp8_per_channel"  # the linear method of --quantization fp8 on a dense checkpoint
 
 
 def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> WeightPlan:
@@ -74,6 +78,8 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
                                  "(or float32) with it, or drop --quantization for a dense bfloat16 model")
     if quantization == "int8_per_channel":
         return WeightPlan("float32", "int8_per_channel", keep_blocks=False)
+    if quantization == FP8:  # vLLM's online fp8: a dense checkpoint's linear weights quantized at load
+        return WeightPlan("float32", FP8_ONLINE, keep_blocks=False)
     if source_format == "gguf":
         if dtype == "auto" or quantization == "gguf":
             return WeightPlan("float32", "gguf", keep_blocks=True)
@@ -85,7 +91,7 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
     return WeightPlan(dense, dense, keep_blocks=False)
 
 
-def checkpoint_scheme(source: ModelSource) -> GptqAwqScheme | CompressedTensorsScheme | None:
+def checkpoint_scheme(source: ModelSource) -> GptqAwqScheme | CompressedTensorsScheme | Fp8Scheme | None:
     """The scheme of an HF folder's config.json quantization_config (None: a GGUF, or none)."""
     if source.format != "hf":
         return None
@@ -97,7 +103,8 @@ def checkpoint_scheme(source: ModelSource) -> GptqAwqScheme | CompressedTensorsS
     return prequantized_scheme(read_json(path).get("quantization_config"), path)
 
 
-def prequantized_scheme(quantization_config: dict | None, path: str) -> GptqAwqScheme | CompressedTensorsScheme | None:
+def prequantized_scheme(quantization_config: dict | None,
+                        path: str) -> GptqAwqScheme | CompressedTensorsScheme | Fp8Scheme | None:
     """The scheme of a quantization_config (None when there is none); other pre-quantized methods are
     refused by name, with what is supported, rather than failing on their tensors."""
     if not quantization_config:
@@ -107,8 +114,10 @@ def prequantized_scheme(quantization_config: dict | None, path: str) -> GptqAwqS
         return gptq_awq_scheme(quantization_config, path)
     if method == COMPRESSED_TENSORS:
         return compressed_tensors_scheme(quantization_config, path)
+    if method == FP8:
+        return fp8_scheme(quantization_config, path)
     raise ModelLoadError(f"{path} is a pre-quantized {method!r} checkpoint; pagedcore loads GPTQ (4 and 8 bits), "
-                         "AWQ (4 bits) and compressed-tensors int8 / int4 checkpoints, serves GGUF files as "
-                         "stored (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and quantizes dense checkpoints at load "
-                         "with --quantization int8_per_channel: use the model's GGUF, such a checkpoint or its "
-                         "unquantized weights")
+                         "AWQ (4 bits), fp8 (per-tensor / per-channel) and compressed-tensors int8 / int4 / fp8 "
+                         "checkpoints, serves GGUF files as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and "
+                         "quantizes dense checkpoints at load with --quantization int8_per_channel or fp8: use the "
+                         "model's GGUF, such a checkpoint or its unquantized weights")

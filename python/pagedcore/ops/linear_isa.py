@@ -130,6 +130,7 @@ def dispatch_report() -> list[tuple[str, str]]:
         "a checkpoint's bf16 / fp16 tensors held as stored under fp32 activations, widened in registers "
         f"({'vcvtph2ps / bf16 shifts' if isa.startswith('avx') else 'portable widening'}): the fp32 sums at half "
         "the bytes" if hold_16bit_enabled() else "widened to fp32 at load (PAGEDCORE_HOLD_16BIT=0)")))
+    rows.append(("fp8 weights", _fp8_report(isa)))
     rows.append(("library GEMM ISA", _library_isa()))
     from pagedcore import _core
 
@@ -137,6 +138,17 @@ def dispatch_report() -> list[tuple[str, str]]:
                  "linear layer runs these kernels, else torch's OpenMP team (ops/kernel_threading.py; "
                  "PAGEDCORE_KERNEL_THREADING=pool|openmp forces either)"))
     return rows
+
+
+def _fp8_report(isa: str) -> str:
+    """How fp8 e4m3 weights (vLLM's "fp8", compressed-tensors float-quantized) run: W8A16 on the dense kernels."""
+    import os
+
+    widen = "vcvtph2ps through fp16" if isa.startswith("avx") else "portable widening"
+    layout = ("rows of whole 16-row groups repacked at load (fp8_e4m3x16)"
+              if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") != "0" else "rows as stored (PAGEDCORE_QUANT_REPACK=0)")
+    return (f"e4m3 bytes widened in registers ({widen}) against fp32 x (bf16 x widened; never quantized), each "
+            f"row's sum times its fp32 scale in the epilogue: the fp32 sums at a quarter of the bytes; {layout}")
 
 
 def _library_isa() -> str:

@@ -6,8 +6,13 @@ int8_per_channel) and runs integer dot products (vpmaddubsw on AVX2 / AVX-512BW,
 AVX512-VNNI, a portable path elsewhere) with fp32 block-scale accumulation. The bias and the
 SwiGLU epilogue (silu_mul) are the dense kernel's.
 
+fp8 e4m3 weights with one fp32 scale per output row (vLLM's "fp8", compressed-tensors' float-quantized
+checkpoints) are W8A16 instead: x is not quantized; the dense kernels widen the bytes exactly in registers
+against fp32 x (bf16 x widened first) and scale each row's sum once (cpp/kernels/linear.h kDenseFp8E4M3).
+
     kernel = QuantLinearKernel(weight_bytes, "q4_1", K=576)   # uint8 [N, row_bytes("q4_1", 576)]
     y = kernel(x)                                              # x [M, 576] fp32 -> [M, N] fp32
+    fp8 = QuantLinearKernel(w_bytes, "fp8_e4m3", K=576, scales=s)  # uint8 [N, 576], fp32 s [N]
 """
 
 from __future__ import annotations
@@ -19,9 +24,8 @@ from pagedcore.ops.dtypes import CPU_DTYPE_CODES
 from pagedcore.ops.linear import explain_bad_x
 from pagedcore.ops.linear_isa import isa_code
 
-__all__ = ["GGUF_FORMATS", "INT8_FORMAT", "INT8_FORMATS", "QUANT_FORMATS", "X16_FORMATS", "QuantLinearKernel", "block_size",
-           "row_bytes",
-           "quantize_int8_per_channel"]
+__all__ = ["FP8_FORMATS", "GGUF_FORMATS", "INT8_FORMAT", "INT8_FORMATS", "QUANT_FORMATS", "SCALED_FORMATS",
+           "X16_FORMATS", "QuantLinearKernel", "block_size", "row_bytes", "quantize_int8_per_channel"]
 
 GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 INT8_FORMAT = "int8_per_channel"
@@ -29,19 +33,25 @@ INT8_FORMAT = "int8_per_channel"
 # bytes, but for the k-quants' 6-bit scales unpacked to bytes (q4_kx16, q5_kx16: 4 more bytes per 256 weights).
 X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16", "int8_per_channelx16")
 INT8_FORMATS = (INT8_FORMAT, "int8_per_channelx16")  # int8 [N, K] weights with fp32 scales [N]
-QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS
+# OCP e4m3 bytes uint8 [N, K] with fp32 scales [N] (W8A16: x stays float), as stored or in the x16 layout
+# [N/16][K][16] (ops/quant_repack.py; the tensor keeps its [N, K] shape).
+FP8_FORMATS = ("fp8_e4m3", "fp8_e4m3x16")
+SCALED_FORMATS = INT8_FORMATS + FP8_FORMATS  # the formats whose kernels take `scales`
+QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS + FP8_FORMATS
 
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
 _BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
            "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34),
-           "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210), "int8_per_channelx16": (4, 4)}
+           "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210), "int8_per_channelx16": (4, 4),
+           "fp8_e4m3": (1, 1), "fp8_e4m3x16": (1, 1)}
 # Format name -> the kernel enum (cpp/kernels/linear.h WeightFormat).
 FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
           "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
           INT8_FORMAT: _core.WeightFormat.INT8_PER_CHANNEL, "q4_0x16": _core.WeightFormat.Q4_0X16,
           "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16,
           "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
-          "q6_kx16": _core.WeightFormat.Q6_KX16, "int8_per_channelx16": _core.WeightFormat.INT8_PER_CHANNEL_X16}
+          "q6_kx16": _core.WeightFormat.Q6_KX16, "int8_per_channelx16": _core.WeightFormat.INT8_PER_CHANNEL_X16,
+          "fp8_e4m3": _core.WeightFormat.FP8_E4M3, "fp8_e4m3x16": _core.WeightFormat.FP8_E4M3X16}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
 
 
@@ -52,7 +62,7 @@ def _check_format(fmt: str) -> str:
 
 
 def block_size(fmt: str) -> int:
-    """Weights per block along K: 32 (q8_0, q4_0, q4_1), 256 (q4_k, q5_k, q6_k), 1 (int8_per_channel)."""
+    """Weights per block along K: 32 (q8_0, q4_0, q4_1), 256 (q4_k, q5_k, q6_k), 1 (int8_per_channel, fp8)."""
     return _BLOCKS[_check_format(fmt)][0]
 
 
@@ -81,7 +91,9 @@ class QuantLinearKernel:
     stride, dtype x_dtype, CPU) -> new [M, N] (silu_mul: [M, N // 2]) of out_dtype (default x_dtype).
 
     weight: uint8 [N, row_bytes(fmt, K)] for a GGUF format (ggml's bytes), int8 [N, K] with fp32
-    `scales` [N] for int8_per_channel. The tensors must stay where they are (`matches`)."""
+    `scales` [N] for int8_per_channel, uint8 [N, K] e4m3 bytes (or a float8_e4m3fn tensor, read as its
+    bytes) with fp32 `scales` [N] for fp8_e4m3 (x16: N a multiple of 16, silu_mul halves too). The tensors
+    must stay where they are (`matches`)."""
 
     __slots__ = ("weight", "scales", "bias", "weight_format", "N", "K", "out_cols", "x_dtype", "out_dtype",
                  "weight_ptr", "_handle")
@@ -92,6 +104,8 @@ class QuantLinearKernel:
         fmt = _check_format(weight_format)
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if fmt in FP8_FORMATS and weight.dtype is torch.float8_e4m3fn:
+            weight = weight.view(torch.uint8)  # (the same bytes; matches() compares the address)
         if not isinstance(K, int) or K <= 0:
             raise ValueError(f"K must be a positive int, got {K!r}")
         nbytes = row_bytes(fmt, K)
@@ -106,13 +120,18 @@ class QuantLinearKernel:
         N = weight.shape[0]
         if silu_mul and N % 2:
             raise ValueError(f"silu_mul needs an even number of weight rows (gate rows then up rows); got {N}")
-        if fmt in INT8_FORMATS:
+        if fmt == "fp8_e4m3x16" and (N % 16 or (silu_mul and N // 2 % 16)):
+            raise ValueError(f"{fmt} holds whole groups of 16 rows{' per SwiGLU half' if silu_mul else ''}; N = {N} "
+                             "is not: keep the rows as fp8_e4m3 (quant_repack.repackable says when to repack)")
+        if fmt in SCALED_FORMATS:
             if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (N,)
                     or scales.device.type != "cpu" or not scales.is_contiguous()):
-                raise ValueError(f"{fmt} needs scales: a contiguous fp32 CPU tensor of shape ({N},) "
-                                 "(quantize_int8_per_channel returns it)")
+                raise ValueError(f"{fmt} needs scales: a contiguous fp32 CPU tensor of shape ({N},), one per "
+                                 "weight row (quantize_int8_per_channel returns int8's; an fp8 checkpoint's "
+                                 "weight_scale, a per-tensor one repeated per row)")
         elif scales is not None:
-            raise ValueError(f"scales are for int8_per_channel only (and its x16 layout); {fmt} blocks carry their own")
+            raise ValueError(f"scales are for int8_per_channel only (W8A8) and fp8_e4m3 (W8A16), and their x16 "
+                             f"layouts; {fmt} blocks carry their own")
         bias_code = 0
         if bias is not None:
             if not isinstance(bias, torch.Tensor) or bias.dtype not in CPU_DTYPE_CODES:

@@ -20,6 +20,9 @@ the c-th `unit` bytes of each of the 16 rows (row r's at unit * r).
     q6_k     d 2/2, sc 16/2, ql 128/4, qh 64/4                           210       210
     int8_per_channel  q 4/4 (stored q + 128), a "block" of 4 weights; scales stay     4
                       a separate fp32 [N] (int8 [N, K] in and out, K a multiple of 4)
+    fp8_e4m3          q 1/1, a "block" of one weight: [N][K] -> [N/16][K][16], a pure    1
+                      permutation (kDenseF32x16's layout at a byte per weight); scales stay a separate
+                      fp32 [N]. Run by the dense kernels (x not quantized), which every ISA has.
 """
 
 from __future__ import annotations
@@ -117,21 +120,28 @@ _INT8 = ("int8_per_channel", "int8_per_channelx16")  # int8 tensors (viewed as b
 # Rows longer than this stay in the row layout: the x16 int8 kernel's int32 sums of (q + 128) x.
 _MAX_INT8_K = 65536
 REPACKED = {fmt: layout.repacked for fmt, layout in _LAYOUTS.items()}  # ggml format -> repacked format
-_GGML_OF = {repacked: fmt for fmt, repacked in REPACKED.items()}
+# fp8 rows (not integer blocks: the dense kernels run them, on every ISA, the portable ones too).
+_FP8_LAYOUTS = {"fp8_e4m3": _Layout("fp8_e4m3x16", 1, 1, ((1, 1),), _same, _same)}
+FP8_REPACKED = {fmt: layout.repacked for fmt, layout in _FP8_LAYOUTS.items()}
+_ALL_LAYOUTS = {**_LAYOUTS, **_FP8_LAYOUTS}
+_GGML_OF = {layout.repacked: fmt for fmt, layout in _ALL_LAYOUTS.items()}  # repacked format -> row format
 
 
 def repackable(fmt: str, num_rows: int, isa: str = "auto", K: int | None = None) -> str | None:
     """The repacked format a `fmt` weight of num_rows rows (of K weights, when given) should run as on
     this CPU, or None: row counts in whole groups of 16 (a part of another count keeps the file
     layout), and ISAs with a SIMD 16-lane kernel (AVX2 and AVX-512; int8_per_channel also K a multiple
-    of 4, at most 65536). Elsewhere the ggml-layout / row kernels run the rows as they are."""
-    repacked = REPACKED.get(fmt)
+    of 4, at most 65536). Elsewhere the ggml-layout / row kernels run the rows as they are. fp8_e4m3
+    repacks wherever the dense kernels run (every ISA: its x16 kernel is the f32x16 one's loop)."""
+    repacked = REPACKED.get(fmt) or FP8_REPACKED.get(fmt)
     if repacked is None or num_rows % ROWS or num_rows == 0:
         return None
     if fmt in _INT8 and K is not None and (K % 4 or K > _MAX_INT8_K):
         return None
     from pagedcore.ops.linear_isa import isa_code
 
+    if fmt in FP8_REPACKED:
+        return repacked if _core.dense_kernel_isa_for(FORMAT_ENUMS[repacked], isa_code(isa)) else None
     kernel_isa = _core.quant_kernel_isa_for(FORMAT_ENUMS[repacked], isa_code(isa))
     return repacked if kernel_isa in ("avx2", "avx512", "avx512_vnni") else None
 
@@ -139,10 +149,10 @@ def repackable(fmt: str, num_rows: int, isa: str = "auto", K: int | None = None)
 def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[_Layout, int, int]:
     """(layout, N, blocks per row) of a `fmt` weight (ggml or repacked), checked."""
     ggml = _GGML_OF.get(fmt, fmt)
-    if ggml not in _LAYOUTS:
-        raise ValueError(f"{fmt!r} has no 16-row layout; repacked formats: {sorted(REPACKED)} -> "
-                         f"{sorted(REPACKED.values())}")
-    layout = _LAYOUTS[ggml]
+    if ggml not in _ALL_LAYOUTS:
+        raise ValueError(f"{fmt!r} has no 16-row layout; repacked formats: {sorted(_ALL_LAYOUTS)} -> "
+                         f"{sorted(_GGML_OF)}")
+    layout = _ALL_LAYOUTS[ggml]
     N = weight.shape[0] if weight.dim() == 2 else -1
     nbytes = row_bytes(fmt, K)
     dtype = torch.int8 if fmt in _INT8 else torch.uint8
@@ -154,9 +164,10 @@ def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[_Layout, int, int]:
 
 def repack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
     """ggml rows uint8 [N, row_bytes(fmt, K)] of `fmt` (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) -> the
-    16-row groups uint8 [N, row_bytes(repacked, K)]; int8_per_channel rows int8 [N, K] -> int8 [N, K]."""
-    if fmt not in _LAYOUTS:
-        raise ValueError(f"{fmt!r} is not a ggml format with a 16-row layout ({sorted(_LAYOUTS)})")
+    16-row groups uint8 [N, row_bytes(repacked, K)]; int8_per_channel rows int8 [N, K] -> int8 [N, K];
+    fp8_e4m3 rows uint8 [N, K] -> uint8 [N, K] holding the bytes [N/16][K][16]."""
+    if fmt not in _ALL_LAYOUTS:
+        raise ValueError(f"{fmt!r} is not a row format with a 16-row layout ({sorted(_ALL_LAYOUTS)})")
     layout, N, nb = _check(weight, fmt, K)
     if fmt in _INT8:  # int8 in, int8 out: the bytes are repacked
         return _repack(weight.view(torch.uint8), layout, N, nb).view(torch.int8)
@@ -175,7 +186,7 @@ def _repack(weight: torch.Tensor, layout: _Layout, N: int, nb: int) -> torch.Ten
 
 
 def unpack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
-    """The inverse of repack_x16: repacked rows of `fmt` (q4_0x16, ..., q6_kx16) -> ggml rows."""
+    """The inverse of repack_x16: repacked rows of `fmt` (q4_0x16, ..., q6_kx16, fp8_e4m3x16) -> file rows."""
     if fmt not in _GGML_OF:
         raise ValueError(f"{fmt!r} is not a repacked format ({sorted(_GGML_OF)})")
     layout, N, nb = _check(weight, fmt, K)
@@ -200,7 +211,7 @@ def _unpack(weight: torch.Tensor, layout: _Layout, N: int, nb: int) -> torch.Ten
 def _lane_offsets(fmt: str) -> torch.Tensor:
     """int64 [16, lane_bytes]: where each byte of lane (row) l's lane record sits inside a repacked
     16-row block of `fmt` (the inverse map of repack_x16 for one block)."""
-    layout = _LAYOUTS[_GGML_OF[fmt]]
+    layout = _ALL_LAYOUTS[_GGML_OF[fmt]]
     lanes = torch.arange(ROWS)[:, None]  # [16, 1]
     parts, start = [], 0
     for width, unit in layout.fields:

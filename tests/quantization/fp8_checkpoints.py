@@ -1,0 +1,89 @@
+"""Tiny FP8 checkpoints written here, from a tiny HF model's weights: each decoder linear quantized to OCP fp8
+e4m3 the way the writers define it and stored with the quantization_config they write. Written from the formats'
+definitions, not with the loader's code, so a mistake in either shows. Test-only.
+
+    W[n, k] = scale[n] * fp8(weight[n, k]),  scale = max |W| / 448 over the row (channel) or tensor
+    compressed-tensors "float-quantized" (llm-compressor FP8_DYNAMIC / FP8): weight float8_e4m3fn [N, K],
+        weight_scale [N, 1] (channel) or [1] (tensor) in the model's dtype; input_scale [1] when static
+    quant_method "fp8" (vLLM / AutoFP8): weight float8_e4m3fn [N, K], weight_scale fp32 [] (per tensor),
+        input_scale fp32 [] when activation_scheme is "static"
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models import tiny_models
+from .gptq_awq_checkpoints import LINEARS, replace_weights
+
+FP8_MAX = 448.0
+# name -> (quant_method, weight strategy, static input scales)
+SCHEMES = {
+    "ct-fp8-dynamic": ("compressed-tensors", "channel", False),
+    "ct-fp8-static": ("compressed-tensors", "tensor", True),
+    "fp8-static": ("fp8", "tensor", True),
+    "fp8-dynamic": ("fp8", "tensor", False),
+}
+
+
+def quantize(w: torch.Tensor, strategy: str, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """w fp32 [N, K] -> (float8_e4m3fn [N, K], scales [N, 1] or [] of scale_dtype)."""
+    amax = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax()
+    scales = (amax / FP8_MAX).clamp_min(1e-8).to(scale_dtype)
+    q = (w / scales.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scales
+
+
+def dequantized(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp64 [N, K]: scale * fp8 value, the formats' definition."""
+    return q.to(torch.float64) * scales.to(torch.float64).reshape(-1, 1)
+
+
+def quantization_config(scheme: str) -> dict:
+    method, strategy, static = SCHEMES[scheme]
+    if method == "fp8":
+        return {"quant_method": "fp8", "activation_scheme": "static" if static else "dynamic",
+                "ignored_layers": ["lm_head"]}
+    activations = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": not static,
+                   "strategy": "tensor" if static else "token", "group_size": None, "block_structure": None}
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False,
+               "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax"}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": activations, "output_activations": None}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}
+
+
+def layer_tensors(q: torch.Tensor, scales: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
+    """One layer's stored tensors (local names)."""
+    method, strategy, static = SCHEMES[scheme]
+    if method == "fp8":
+        weight_scale = scales.reshape(())  # AutoFP8 / vLLM: a 0-d fp32 scale
+    else:
+        weight_scale = scales.reshape(-1, 1) if strategy == "channel" else scales.reshape(1)
+    stored = {"weight": q.contiguous(), "weight_scale": weight_scale.contiguous()}
+    if static:
+        stored["input_scale"] = torch.tensor(0.02) if method == "fp8" else torch.tensor([0.02], dtype=scales.dtype)
+    return stored
+
+
+def write_fp8_folder(folder, scheme: str, kind: str = "llama"):
+    """An HF folder of `kind` (tiny_models) whose decoder linears are stored fp8 in `scheme`. Returns (folder,
+    dense reference model): the HF model whose linears hold the dequantised weights, rounded to fp32."""
+    method = SCHEMES[scheme][0]
+    scale_dtype = torch.float32 if method == "fp8" else torch.bfloat16
+    model = tiny_models.build_hf_model(kind)
+    tiny_models.save_hf_folder(model, folder)
+    tensors = {}
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            prefix, _, leaf = name.rpartition(".")
+            if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
+                tensors[name] = param.contiguous()
+                continue
+            q, scales = quantize(param.float(), SCHEMES[scheme][1], scale_dtype)
+            for part, value in layer_tensors(q, scales, scheme).items():
+                tensors[f"{prefix}.{part}"] = value
+            param.copy_(dequantized(q, scales).float())  # the reference's dense weight
+    replace_weights(folder, tensors, quantization_config(scheme))
+    return str(folder), model

@@ -1,0 +1,185 @@
+"""FP8 checkpoints (loader/fp8_checkpoint.py: quant_method "fp8" and compressed-tensors "float-quantized") kept as
+stored: each layer holds the checkpoint's e4m3 bytes and one fp32 scale per output row, and the kernels widen them
+under fp32 activations (weight-only), so a model computes its dequantised weights' fp32 model: every kernel call
+equals the float64 oracle, greedy equals HF transformers on the dequantised weights. --quantization fp8 quantizes a
+dense checkpoint at load the same way (one scale per row). What the kernels cannot run is refused with the fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pagedcore import LLM, SamplingParams
+from pagedcore.loader import ModelLoadError, load_model
+from pagedcore.loader.compressed_tensors_checkpoint import compressed_tensors_scheme
+from pagedcore.loader.fp8_checkpoint import Fp8Scheme, Fp8Weight, fp8_scheme, fp8_weights, quantize_fp8_per_channel
+from pagedcore.loader.quantization import prequantized_scheme
+from pagedcore.ops.quant_repack import repackable
+
+from ..engine.conftest import hf_greedy
+from ..models import tiny_models
+from ..models.paged_driver import PagedDriver
+from ..models.test_llama_parity import random_prompt
+from .fp8_checkpoints import SCHEMES, dequantized, layer_tensors, quantization_config, quantize, write_fp8_folder
+from .test_quantized_models import PROMPT, assert_same_as_oracle
+
+
+def test_schemes_read_from_the_config():
+    assert prequantized_scheme(quantization_config("fp8-dynamic"), "c") == Fp8Scheme("fp8", False)
+    assert prequantized_scheme(quantization_config("fp8-static"), "c") == Fp8Scheme("fp8", True)
+    assert compressed_tensors_scheme(quantization_config("ct-fp8-dynamic"), "c") == Fp8Scheme("compressed-tensors",
+                                                                                              False)
+    assert compressed_tensors_scheme(quantization_config("ct-fp8-static"), "c") == Fp8Scheme("compressed-tensors",
+                                                                                             True)
+
+
+def _ct(**weights) -> dict:
+    config = copy.deepcopy(quantization_config("ct-fp8-dynamic"))
+    config["config_groups"]["group_0"]["weights"].update(weights)
+    return config
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise scales.*--quantization fp8"),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, "format 'e5m2'.*e4m3"),
+    ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, "kv-cache scales.*--kv-cache-dtype"),
+    ({"quant_method": "fp8", "activation_scheme": "per-head"}, "activation_scheme 'per-head'"),
+    (_ct(strategy="block", block_structure=[128, 128]), "'block' scales.*FP8_DYNAMIC"),
+    (_ct(strategy="group", group_size=128), "'group' scales"),
+    (_ct(num_bits=4), "float-quantized weights of type float and 4 bits"),
+    (_ct(symmetric=False), "asymmetric fp8"),
+])
+def test_what_the_kernels_cannot_run_is_refused(config, match):
+    with pytest.raises(ModelLoadError, match=match):
+        prequantized_scheme(config, "config.json")
+
+
+def test_a_layer_keeps_the_stored_bytes_and_one_scale_a_row():
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    for strategy, scale_dtype in (("channel", torch.bfloat16), ("tensor", torch.float32)):
+        q, scales = quantize(w, strategy, scale_dtype)
+        weight = Fp8Weight("l", q, scales.reshape(-1, 1) if strategy == "channel" else scales.reshape(()))
+        codes, row_scales = weight.fp8_rows()
+        assert codes.dtype == torch.uint8 and torch.equal(codes, q.view(torch.uint8))
+        assert row_scales.shape == (48,) and torch.equal(row_scales, scales.float().reshape(-1).expand(48))
+        assert torch.equal(weight.dequantized(), dequantized(q, scales).float())  # one rounding to fp32
+    with pytest.raises(ModelLoadError, match="weight_scale \\(3,\\) does not fit the weight \\(48, 64\\)"):
+        Fp8Weight("l", q, torch.ones(3))
+    with pytest.raises(ModelLoadError, match="non-finite"):
+        Fp8Weight("l", q, torch.full((48,), float("inf")))
+    with pytest.raises(ModelLoadError, match="an fp8 e4m3 \\[out, in\\] weight was expected"):
+        Fp8Weight("l", w.to(torch.float8_e5m2), torch.ones(48))
+
+
+def test_the_stream_pairs_weights_with_scales_and_drops_input_scales():
+    q, scales = quantize(torch.randn(16, 32), "tensor", torch.float32)
+    tensors = layer_tensors(q, scales, "fp8-static")
+    head = torch.randn(8, 4)
+    stream = [("a.input_scale", tensors["input_scale"]), ("a.weight", tensors["weight"]), ("lm_head.weight", head),
+              ("a.weight_scale", tensors["weight_scale"])]
+    out = list(fp8_weights(iter(stream), Fp8Scheme("fp8", True), "m"))
+    assert [name for name, _ in out] == ["lm_head.weight", "a.weight"] and out[0][1] is head
+    assert torch.equal(out[1][1].dequantized(), dequantized(q, scales).float())
+    with pytest.raises(ModelLoadError, match="a has \\['weight'\\] but not \\['weight_scale'\\]"):
+        list(fp8_weights(iter(stream[:2]), Fp8Scheme("fp8", True), "m"))
+    for extra, match in ((("a.k_scale", torch.ones(())), "kv-cache scales"),
+                         (("a.weight_scale_inv", torch.ones(1, 1)), "block-wise fp8 scales")):
+        with pytest.raises(ModelLoadError, match=match):
+            list(fp8_weights(iter([*stream, extra]), Fp8Scheme("fp8", True), "m"))
+
+
+def test_quantization_at_load_rounds_each_row_to_e4m3():
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.01, 3, 32)[:, None]
+    w[5] = 0.0  # a zero row keeps scale 1
+    codes, scales = quantize_fp8_per_channel(w)
+    q, expected = quantize(w, "channel", torch.float32)
+    assert torch.equal(scales[5], torch.tensor(1.0)) and torch.all(codes[5] == 0)
+    rows = torch.arange(32) != 5
+    assert torch.equal(scales[rows], expected.reshape(-1)[rows])
+    assert torch.equal(codes[rows], q.view(torch.uint8)[rows])
+    values = codes.view(torch.float8_e4m3fn).float() * scales[:, None]
+    assert (values - w).abs().max() <= (w.abs().amax(1) / 16).max()  # e4m3: 3 mantissa bits, half a step
+
+
+FOLDERS = {name: "llama" if name != "ct-fp8-static" else "qwen2" for name in SCHEMES}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return {name: write_fp8_folder(tmp_path_factory.mktemp(name), name, kind) for name, kind in FOLDERS.items()}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_checkpoints_stay_fp8_and_equal_the_oracle(folders, monkeypatch, name):
+    folder, dense = folders[name]
+    loaded = load_model(folder, load_tokenizer=False)
+    assert loaded.weight_format == SCHEMES[name][0] and loaded.config.dtype == "float32"
+    qkv = loaded.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.method.formats(qkv) == [repackable("fp8_e4m3", qkv.out_features, K=qkv.in_features) or "fp8_e4m3"]
+    linear_bytes = sum(p.numel() for n, p in dense.named_parameters() if n.endswith("proj.weight"))
+    assert linear_bytes < loaded.weight_bytes["fp8_e4m3"] < linear_bytes * 1.1  # a byte a weight, + the scales
+    assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
+    assert_same_as_oracle(folder, monkeypatch, {"fp8_e4m3"})
+
+
+@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-static", "ct-fp8-static"])
+def test_greedy_equals_hf_transformers_on_the_dequantised_weights(folders, name):
+    folder, dense = folders[name]
+    model = load_model(folder, load_tokenizer=False).model
+    assert model.greedy_decoder() is not None, model.greedy_decode_reason
+    prompt = random_prompt(30, seed=5)
+    tokens, logits = PagedDriver(model, seed=1).greedy(0, prompt, 8, prefill_split=12)
+    assert tokens == hf_greedy(dense, prompt, 8)
+    reference = tiny_models.hf_logits(dense, prompt)[-1]
+    assert (logits[0] - reference).abs().max() <= 1e-4 * reference.abs().max()
+
+
+def test_quantization_fp8_quantizes_a_dense_checkpoint_at_load(tmp_path, monkeypatch):
+    model = tiny_models.build_hf_model("llama")
+    folder = tiny_models.save_hf_folder(model, tmp_path / "dense")
+    loaded = load_model(folder, quantization="fp8", load_tokenizer=False)
+    assert loaded.weight_format == "fp8_per_channel" and loaded.config.dtype == "float32"
+    down = loaded.model.model.layers[1].mlp.down_proj
+    (part,) = down.quant_parts
+    codes, scales = quantize_fp8_per_channel(model.model.layers[1].mlp.down_proj.weight.detach())
+    assert torch.equal(part.scales, scales)
+    if part.format.endswith("x16"):
+        from pagedcore.ops.quant_repack import unpack_x16
+
+        assert torch.equal(unpack_x16(part.weight, part.format, down.in_features), codes)
+    else:
+        assert torch.equal(part.weight, codes)
+    assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
+    assert_same_as_oracle(folder_with_quantization(monkeypatch, folder), monkeypatch, {"fp8_e4m3"})
+    with pytest.raises(ModelLoadError, match="runs float32 activations"):
+        load_model(folder, dtype="bfloat16", quantization="fp8", load_tokenizer=False)
+
+
+def folder_with_quantization(monkeypatch, folder: str) -> str:
+    """assert_same_as_oracle loads by path alone: make its load_model quantize to fp8."""
+    import pagedcore.loader as loader_module
+
+    from . import test_quantized_models
+
+    real = loader_module.load_model
+    monkeypatch.setattr(test_quantized_models, "load_model",
+                        lambda path, **kwargs: real(path, quantization="fp8", **kwargs))
+    return folder
+
+
+def test_a_checkpoint_method_other_than_the_flag_is_refused(folders):
+    folder, _ = folders["ct-fp8-dynamic"]
+    with pytest.raises(ModelLoadError, match="compressed-tensors checkpoint; --quantization fp8 does not apply"):
+        load_model(folder, quantization="fp8", load_tokenizer=False)
+    with pytest.raises(ModelLoadError, match="run on the quantized kernels with float32 activations"):
+        load_model(folders["fp8-dynamic"][0], dtype="bfloat16", load_tokenizer=False)
+
+
+def test_the_engine_serves_an_fp8_checkpoint(folders):
+    folder, dense = folders["ct-fp8-dynamic"]
+    prompt = [5, 9, 23, 7]
+    (out,) = LLM(folder, max_model_len=128).generate([{"prompt_token_ids": prompt}],
+                                                     SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert list(out.outputs[0].token_ids) == hf_greedy(dense, prompt, 6)
