@@ -66,4 +66,13 @@ inline std::vector<Isa> supported_isas() {
   return isas;
 }
 
+// W [N, K] -> the x16 layout [N/16][K][16] of any element type (f32x16, f16x16 and fp8_e4m3x16 alike).
+template <typename T>
+std::vector<T> pack_x16(const std::vector<T>& w, int64_t N, int64_t K) {
+  std::vector<T> packed(w.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) packed[(n / 16) * K * 16 + k * 16 + n % 16] = w[n * K + k];
+  return packed;
+}
+
 }  // namespace pagedcore_test

@@ -20,6 +20,7 @@ using namespace pagedcore::kernels;
 using pagedcore_test::all_isas;
 using pagedcore_test::Buf;
 using pagedcore_test::make;
+using pagedcore_test::pack_x16;
 using pagedcore_test::round_bf16;
 using pagedcore_test::supported_isas;
 using pagedcore_test::zeros;
@@ -161,14 +162,6 @@ uint16_t random_f16(std::mt19937& rng) {
   return static_cast<uint16_t>(((r >> 20) & 1u) << 15 | exp << 10 | man);
 }
 
-// W [N, K] -> the x16 layout [N/16][K][16] of any element type (f32x16 and f16x16 alike).
-template <typename T>
-std::vector<T> pack_x16(const std::vector<T>& w, int64_t N, int64_t K) {
-  std::vector<T> packed(w.size());
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) packed[(n / 16) * K * 16 + k * 16 + n % 16] = w[n * K + k];
-  return packed;
-}
 
 // fp16 weights widen exactly: every output equals, bit for bit, the fp32 kernel's on the widened copy in the
 // same layout (checkpoint rows against dense_f32, x16 against f32x16), for every ISA, with bias and SwiGLU.

@@ -16,6 +16,7 @@
 #include "kernels/linear.h"
 
 using namespace pagedcore::kernels;
+using pagedcore_test::pack_x16;
 using pagedcore_test::round_bf16;
 using pagedcore_test::supported_isas;
 
@@ -31,14 +32,6 @@ uint8_t random_e4m3(std::mt19937& rng) {
   }
 }
 
-// W [N, K] -> the x16 layout [N/16][K][16] (any element type).
-template <typename T>
-std::vector<T> pack_x16(const std::vector<T>& w, int64_t N, int64_t K) {
-  std::vector<T> packed(w.size());
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) packed[(n / 16) * K * 16 + k * 16 + n % 16] = w[n * K + k];
-  return packed;
-}
 
 // One layer: fp8 bytes, their fp32 values, per-row scales, a bias, x in fp32 (and as bf16 bits).
 struct Layer {

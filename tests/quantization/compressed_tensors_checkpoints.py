@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import tiny_models
-from .gptq_awq_checkpoints import LINEARS, act_order_perm, replace_weights
+from .gptq_awq_checkpoints import act_order_perm, quantize_linears, replace_weights
 
 SCHEMES = {  # name -> (format, bits, strategy, group_size, symmetric, W8A8 activations, actorder)
     "w8a8": ("int-quantized", 8, "channel", None, True, True, None),
@@ -117,23 +116,13 @@ def write_compressed_tensors_folder(folder, scheme: str, kind: str = "llama", fl
     (folder, dense reference model): the HF model whose linears hold the dequantised weights (and the rounded
     embedding and head)."""
     fmt, bits, strategy, group_size, symmetric, _, actorder = SCHEMES[scheme]
-    model = tiny_models.build_hf_model(kind)
-    tiny_models.save_hf_folder(model, folder)
-    tensors = {}
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            prefix, _, leaf = name.rpartition(".")
-            if name in ("lm_head.weight", "model.embed_tokens.weight") and float_dtype is not None:
-                param.copy_(param.to(float_dtype).float())  # the reference holds the rounded values
-                tensors[name] = param.to(float_dtype).contiguous()
-                continue
-            if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
-                tensors[name] = param.contiguous()
-                continue
-            perm = act_order_perm(prefix, param.shape[1]) if actorder == "group" else None
-            q, scales, zp, g_idx = quantize(param.float(), bits, strategy, group_size, symmetric, perm=perm)
-            for part, value in layer_tensors(q, scales, zp, g_idx, fmt, bits, symmetric, strategy).items():
-                tensors[f"{prefix}.{part}"] = value
-            param.copy_(dequantized(q, scales, zp, g_idx).float())  # the reference's dense weight
+
+    def quantize_linear(prefix: str, w: torch.Tensor):
+        perm = act_order_perm(prefix, w.shape[1]) if actorder == "group" else None
+        q, scales, zp, g_idx = quantize(w, bits, strategy, group_size, symmetric, perm=perm)
+        return (layer_tensors(q, scales, zp, g_idx, fmt, bits, symmetric, strategy),
+                dequantized(q, scales, zp, g_idx).float())
+
+    model, tensors = quantize_linears(folder, kind, quantize_linear, float_dtype)
     replace_weights(folder, tensors, quantization_config(scheme))
     return str(folder), model

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import tiny_models
-from .gptq_awq_checkpoints import LINEARS, replace_weights
+from .gptq_awq_checkpoints import quantize_linears, replace_weights
 
 FP8_MAX = 448.0
 # name -> (quant_method, weight strategy, static input scales)
@@ -72,18 +71,11 @@ def write_fp8_folder(folder, scheme: str, kind: str = "llama"):
     dense reference model): the HF model whose linears hold the dequantised weights, rounded to fp32."""
     method = SCHEMES[scheme][0]
     scale_dtype = torch.float32 if method == "fp8" else torch.bfloat16
-    model = tiny_models.build_hf_model(kind)
-    tiny_models.save_hf_folder(model, folder)
-    tensors = {}
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            prefix, _, leaf = name.rpartition(".")
-            if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
-                tensors[name] = param.contiguous()
-                continue
-            q, scales = quantize(param.float(), SCHEMES[scheme][1], scale_dtype)
-            for part, value in layer_tensors(q, scales, scheme).items():
-                tensors[f"{prefix}.{part}"] = value
-            param.copy_(dequantized(q, scales).float())  # the reference's dense weight
+
+    def quantize_linear(prefix: str, w: torch.Tensor):
+        q, scales = quantize(w, SCHEMES[scheme][1], scale_dtype)
+        return layer_tensors(q, scales, scheme), dequantized(q, scales).float()
+
+    model, tensors = quantize_linears(folder, kind, quantize_linear)
     replace_weights(folder, tensors, quantization_config(scheme))
     return str(folder), model

@@ -94,6 +94,29 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
     act_order (GPTQ): each layer's inputs taken in a random order, one order for the linears that share an
     input (q/k/v, gate/up), as GPTQ's Hessian order is. Returns (folder, dense reference model): the HF model
     whose linears hold the dequantised weights."""
+    def quantize_linear(prefix: str, w: torch.Tensor):
+        g_idx = None
+        if act_order:
+            q, zeros, scales, g_idx = quantize_act_order(w, group_size, sym, act_order_perm(prefix, w.shape[1]), bits)
+        else:
+            q, zeros, scales = quantize_groups(w, group_size, sym and method == "gptq", bits)
+        packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx, bits)
+                  if method == "gptq" else pack_awq(q, zeros, scales))
+        return packed, dequantized(q, zeros, scales, group_size, g_idx).float()
+
+    model, tensors = quantize_linears(folder, kind, quantize_linear, float_dtype)
+    replace_weights(folder, tensors, (
+        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": sym,
+         "checkpoint_format": checkpoint_format} if method == "gptq" else
+        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}))
+    return str(folder), model
+
+
+def quantize_linears(folder, kind: str, quantize_linear, float_dtype: torch.dtype | None = None):
+    """The tiny HF model of `kind` saved to `folder`, then each decoder linear's weight handed to
+    quantize_linear(prefix, w fp32 [N, K]) -> (its stored tensors by local name, the dequantised fp32 [N, K]
+    the reference model takes). float_dtype: the token embedding and lm_head stored in that dtype (the
+    reference holds the rounded values). Returns (the reference model, every tensor to store by name)."""
     model = tiny_models.build_hf_model(kind)
     tiny_models.save_hf_folder(model, folder)
     tensors = {}
@@ -107,21 +130,10 @@ def write_gptq_awq_folder(folder, method: str, kind: str = "llama", group_size: 
                     stored = float_dtype
                 tensors[name] = param.to(stored, copy=True)  # (a copy: a tied model's head and table share memory)
                 continue
-            g_idx = None
-            if act_order:
-                q, zeros, scales, g_idx = quantize_act_order(param.float(), group_size, sym,
-                                                             act_order_perm(prefix, param.shape[1]), bits)
-            else:
-                q, zeros, scales = quantize_groups(param.float(), group_size, sym and method == "gptq", bits)
-            packed = (pack_gptq(q, zeros, scales, group_size, checkpoint_format == "gptq", g_idx, bits)
-                      if method == "gptq" else pack_awq(q, zeros, scales))
-            tensors.update({f"{prefix}.{leaf}": value for leaf, value in packed.items()})
-            param.copy_(dequantized(q, zeros, scales, group_size, g_idx).float())  # the reference's dense weight
-    replace_weights(folder, tensors, (
-        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": sym,
-         "checkpoint_format": checkpoint_format} if method == "gptq" else
-        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}))
-    return str(folder), model
+            stored_parts, dense = quantize_linear(prefix, param.float())
+            tensors.update({f"{prefix}.{part}": value for part, value in stored_parts.items()})
+            param.copy_(dense)  # the reference's dense weight
+    return model, tensors
 
 
 def act_order_perm(prefix: str, K: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ same way with llama.cpp.
 
 Variants of one GGUF (the default model unless --model): fp32 and bf16 (dequantised at load),
 q8_0 (the dequantised weights re-quantized to Q8_0 with gguf.quants.quantize, run by the Q8_0
-kernels), as-stored (the file's own blocks), int8_per_channel (W8A8 on the dequantised weights).
+kernels), as-stored (the file's own blocks), int8_per_channel (W8A8 on the dequantised weights), fp8 (the
+dequantised weights quantized to fp8 e4m3 per output row at load, --quantization fp8; weight-only).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 
 TEXT_PACKAGE = "tvm_ffi"
 TEXT_FILE = os.path.join("3rdparty", "libbacktrace", "Isaac.Newton-Opticks.txt")
-VARIANTS = ("fp32", "bf16", "q8_0", "as-stored", "int8_per_channel")
+VARIANTS = ("fp32", "bf16", "q8_0", "as-stored", "int8_per_channel", "fp8")
 _PEER_SCRIPT = os.path.join("bench", "peers", "perplexity_llamacpp.py")
 
 
@@ -93,7 +94,7 @@ def _engine(model, variant: str, args):
 
         return LLMEngine(EngineConfig(**options), loaded=load_requantized(model, "q8_0"))
     dtype, quantization = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "as-stored": ("auto", None),
-                           "int8_per_channel": ("auto", "int8_per_channel")}[variant]
+                           "int8_per_channel": ("auto", "int8_per_channel"), "fp8": ("auto", "fp8")}[variant]
     return LLMEngine(EngineConfig(dtype=dtype, quantization=quantization, **options))
 
 
