@@ -148,7 +148,8 @@ def _greedy_params(output_len: int):
 
 def load_format(name: str):
     """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
-    block format at load (q8_0, q4_0, q4_1), or int8_per_channel (W8A8). The kernels' threading is set for
+    block format at load (q8_0, q4_0, q4_1), int8_per_channel (W8A8) or fp8 (e4m3 per row, weight-only; the
+    dequantised weights quantized at load, --quantization fp8). The kernels' threading is set for
     it as an engine would (ops/kernel_threading.py), so the model-level sections run as the engine does."""
     from pagedcore.loader import load_model
     from pagedcore.loader.requantize import load_requantized
@@ -156,7 +157,7 @@ def load_format(name: str):
 
     if name in ("q8_0", "q4_0", "q4_1"):
         loaded = load_requantized(None, name)
-    elif name == "int8_per_channel":
+    elif name in ("int8_per_channel", "fp8"):
         loaded = load_model(dtype="auto", load_tokenizer=False, quantization=name)
     else:
         loaded = load_model(dtype=name, load_tokenizer=False)
