@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from pagedcore.loader.errors import ModelLoadError
+from pagedcore.loader.gptq_awq_checkpoint import materialize
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +149,6 @@ def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.
     return codes.view(torch.uint8).contiguous(), scales.contiguous()
 
 
-def _read(tensor: Any) -> torch.Tensor:
-    """A lazy safetensors tensor read whole (0-d scales too)."""
-    if isinstance(tensor, torch.Tensor):
-        return tensor
-    return tensor.read()
-
-
 def _is_fp8(tensor: Any) -> bool:
     if isinstance(tensor, torch.Tensor):
         return tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -179,7 +173,7 @@ def fp8_weights(weights: Iterator[tuple[str, Any]], scheme: Fp8Scheme, path: str
         if part == "weight_scale_inv":
             raise ModelLoadError(f"{path}: {name}: block-wise fp8 scales are not supported; {_SUPPORTED}")
         got = pending.setdefault(prefix, {})
-        got[part] = _read(tensor)
+        got[part] = materialize(tensor)
         if {"weight", "weight_scale"} <= got.keys():
             yield prefix + ".weight", _fp8_weight(prefix, pending.pop(prefix))
     for prefix, got in pending.items():

@@ -147,7 +147,8 @@ def gptq_awq_weights(weights: Iterator[tuple[str, Any]], scheme: GptqAwqScheme,
 
 
 def materialize(weight: Any) -> torch.Tensor:
-    """A lazy safetensors weight read whole (packed tensors are small: 4 or 8 bits a weight)."""
+    """A lazy safetensors weight read whole, in its stored dtype (packed tensors are small: 4 or 8 bits a weight;
+    0-d scales too)."""
     if isinstance(weight, torch.Tensor):
         return weight
-    return weight.narrow(0, 0, weight.shape[0])
+    return weight.read()
