@@ -70,7 +70,8 @@ bool isa_supported(Isa isa) {
 #ifdef PAGEDCORE_NO_AVX512BF16  // the compiler could not build the vdpbf16ps kernel
       return false;
 #else
-      return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+      // (VBMI too: the fp8 weights' bf16 conversion; every AVX512-BF16 CPU but Cooper Lake has it)
+      return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
 #endif
     case Isa::kAvx512Vnni:
 #ifdef PAGEDCORE_NO_AVX512VNNI  // the compiler could not build the vpdpbusd kernel

@@ -13,8 +13,10 @@ namespace kernels {
 //                   tests cover it where no AVX-512 machine is at hand.
 //   kAvx2:          AVX2 + FMA + F16C, 8 lanes.
 //   kAvx512:        AVX-512 F/BW/VL/DQ, 16 lanes.
-//   kAvx512Bf16:    kAvx512 plus AVX512-BF16 (vdpbf16ps) for bf16 activations against bf16 weights;
-//                   kernels without a bf16-dot variant (attention) run their kAvx512 one.
+//   kAvx512Bf16:    kAvx512 plus AVX512-BF16 (vdpbf16ps) for bf16 activations against bf16 (and fp8)
+//                   weights, and AVX512-VBMI (byte permutes: the fp8 weights' exact bf16 conversion); every
+//                   AVX512-BF16 CPU but Cooper Lake has both (there kAvx512 runs). Kernels without a bf16-dot
+//                   variant (attention) run their kAvx512 one.
 //   kGeneric16Bf16: portable emulation of kAvx512Bf16 (its tiling and pairwise dot products).
 //   kAvx512Vnni:    kAvx512 plus AVX512-VNNI (vpdpbusd): the quantized linear kernels' int8 dot
 //                   products. Never chosen as the active ISA (attention and the dense kernels have

@@ -12,7 +12,11 @@
 //                                   (F16C): f32x16's loop and sums at half the bytes
 //   fp8x16   W [N/16][K][16]        e4m3 bytes; one W-byte load = W columns at one k, widened exactly at
 //                                   2^-8 of their values (V::load_e4m3_low), the sums then times 2^8:
-//                                   f32x16's sums at a quarter of the bytes (linear_impl.h: kFp8)
+//                                   f32x16's sums at a quarter of the bytes (linear_impl.h: kFp8).
+//                                   Against bf16 x with the bf16 dot (kX16Fp8Dot, K % 4 == 0): 64 bytes (4 k x
+//                                   16 columns) become two vectors of bf16 pairs exactly
+//                                   (V::load_e4m3_bf16_quad), then bf16x16's loop: bf16x16_dot's sums on the
+//                                   bf16 copy, bit for bit
 //
 //   acc[i][v] (MR rows x NV column vectors) += x[m + i, k] * W[group, k, v lanes]     over all of K
 //
@@ -43,12 +47,16 @@ constexpr int kX16Vecs = V::kRegs >= 32 ? 3 : 2;      // column vectors per regi
 constexpr int kX16Groups = kX16Vecs / kX16VecsPerGroup;  // 3 groups (AVX-512), 1 (AVX2)
 constexpr int kX16Rows = V::kRegs >= 32 ? 8 : 6;      // rows per tile: 24 / 12 accumulators
 
-enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2, kX16F16Widen = 3, kX16Fp8Widen = 4 };
+enum X16Mode { kX16F32 = 0, kX16Bf16Widen = 1, kX16Bf16Dot = 2, kX16F16Widen = 3, kX16Fp8Widen = 4, kX16Fp8Dot = 5 };
 
 // Rows per tile of a mode: widening keeps an even and an odd vector per column vector live, so with 16
-// registers (AVX2) 6 rows would need 12 + 4 + 1 = 17 and spill; 5 rows fit (10 + 4 + 1).
+// registers (AVX2) 6 rows would need 12 + 4 + 1 = 17 and spill; 5 rows fit (10 + 4 + 1). kX16Fp8Dot holds
+// two pair vectors per column vector and load_e4m3_bf16_quad's 6 constant vectors besides its accumulators:
+// 6 rows (Zen 4, 2 threads, M = 256, the default model's three shapes: 5 rows 340-364 GFLOP/s, 6 rows 410-424,
+// 7 rows 398-410; bf16x16 441-455).
 template <int kMode>
 constexpr int x16_rows() {
+  if constexpr (kMode == kX16Fp8Dot) return 6;
   return kMode == kX16Bf16Widen && V::kRegs < 32 ? 5 : kX16Rows;
 }
 
@@ -110,6 +118,30 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
         const R x1 = V::set1(xr[i][k + 1]);
 #pragma GCC unroll 8
         for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(x1, wo[q], acc[i * NV + q]);
+      }
+    }
+  } else if constexpr (kMode == kX16Fp8Dot) {
+    if constexpr (V::kHasFp8Bf16Quad && kX16VecsPerGroup == 1) {  // (16-lane traits only)
+      const uint8_t* w = static_cast<const uint8_t*>(a.w) + g0 * group_elems;  // [NG][K][16] e4m3 bytes
+      const uint16_t* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
+      for (int64_t k = 0; k < K; k += 4) {  // (K % 4 == 0: the launcher's condition for this mode)
+        typename V::RI w01[NV], w23[NV];  // column vector q's pairs (k, k+1) and (k+2, k+3)
+#pragma GCC unroll 8
+        for (int q = 0; q < NV; ++q) {
+          const uint8_t* at = w + q * group_elems + k * kX16Cols;
+          __builtin_prefetch(at + 4096, 0, 1);  // (as kX16Fp8Widen: a group's stream is 16 bytes a k)
+          V::load_e4m3_bf16_quad(at, w01[q], w23[q]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const auto x01 = V::broadcast_pair(xr[i] + k);
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x01, w01[q]);
+          const auto x23 = V::broadcast_pair(xr[i] + k + 2);
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x23, w23[q]);
+        }
       }
     }
   } else {
@@ -196,6 +228,10 @@ void block_f16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, 
 void block_fp8x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                   int64_t ds) {
   x16_block<kX16Fp8Widen>(a, m0, m1, n0, n1, dst, ds);
+}
+void block_fp8x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
+                      int64_t ds) {
+  x16_block<kX16Fp8Dot>(a, m0, m1, n0, n1, dst, ds);
 }
 void block_bf16x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                        int64_t ds) {

@@ -290,7 +290,10 @@ Status linear(const LinearParams& p, Isa isa) {
   if (!row.block)
     return Status::invalid(std::string("linear: the ") + isa_name(isa) + " kernels have no " +
                            weight_format_name(p.weight_format) + " weight kernel");
-  if (row.block_bf16_x && p.x_dtype == DType::kBFloat16) {
+  // (fp8x16 against bf16 x converts 4 k at a time: another K widens the weights to fp32 instead)
+  const bool bf16_dot = row.block_bf16_x && p.x_dtype == DType::kBFloat16 &&
+                        (p.weight_format != WeightFormat::kDenseFp8E4M3x16 || p.K % 4 == 0);
+  if (bf16_dot) {
     plan.block = row.block_bf16_x;
     plan.args.x16 = static_cast<const uint16_t*>(p.x);
     plan.args.x_stride = p.x_stride;

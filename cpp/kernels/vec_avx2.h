@@ -22,8 +22,10 @@ struct VecAvx2 {
   static constexpr int W = 8;
   static constexpr int kRegs = 16;
   static constexpr bool kHasDotBf16 = false;
+  static constexpr bool kHasFp8Bf16Quad = false;  // (no bf16 dot on AVX2)
   using R = __m256;
   using RI = __m256i;  // 16 bf16
+  static void load_e4m3_bf16_quad(const uint8_t* p, RI& k01, RI& k23);  // declared only: kHasFp8Bf16Quad is false
   using M = __m256;    // all-ones lanes where true
   static R zero() { return _mm256_setzero_ps(); }
   static R set1(float x) { return _mm256_set1_ps(x); }

@@ -19,6 +19,41 @@ namespace pagedcore {
 namespace kernels {
 namespace PC_ISA_NAMESPACE {
 
+// The bf16 bits of the e4m3 magnitude `mag` (exponent << 3 | mantissa, 0..127), exactly: a normal code
+// 2^(e-7) (1 + m/8) is bf16 exponent e + 120 over mantissa m << 4; a subnormal one m 2^-9 is normalised
+// (0x7f, a NaN code quantizers never write, reads 480 as everywhere else).
+constexpr uint16_t e4m3_magnitude_bf16(int mag) {
+  if (mag >= 8) return static_cast<uint16_t>((mag + (120 << 3)) << 4);
+  if (mag == 0) return 0;
+  const int p = mag >= 4 ? 2 : mag >= 2 ? 1 : 0;  // mag 2^-9 = 2^(p-9) (mag / 2^p), 1 <= mag / 2^p < 2
+  return static_cast<uint16_t>(((118 + p) << 7) | ((mag - (1 << p)) << (7 - p)));
+}
+
+// The e4m3 -> bf16 tables of VecAvx512::load_e4m3_bf16_quad: the high and low bytes of each magnitude's bf16
+// (e4m3_magnitude_bf16), and the byte order that makes vpunpck{l,h}bw's per-128-bit-lane
+// interleave come out as column pairs: output word i of lane j is, in k01, column 4 j + i / 2 at row i % 2, in
+// k23 the same column at row 2 + i % 2 (rows of 16 bytes).
+struct E4m3Bf16Table {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+  alignas(64) uint8_t perm[64];
+};
+constexpr E4m3Bf16Table make_e4m3_bf16_table() {
+  E4m3Bf16Table t{};
+  for (int mag = 0; mag < 128; ++mag) {
+    const uint16_t bits = e4m3_magnitude_bf16(mag);
+    t.hi[mag] = static_cast<uint8_t>(bits >> 8);
+    t.lo[mag] = static_cast<uint8_t>(bits & 0xff);
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 8; ++i) {
+      t.perm[16 * j + i] = static_cast<uint8_t>((i % 2) * 16 + 4 * j + i / 2);
+      t.perm[16 * j + 8 + i] = static_cast<uint8_t>((2 + i % 2) * 16 + 4 * j + i / 2);
+    }
+  return t;
+}
+constexpr E4m3Bf16Table kE4m3Bf16Table = make_e4m3_bf16_table();
+
 struct VecAvx512 {
   static constexpr int W = 16;
   static constexpr int kRegs = 32;
@@ -62,6 +97,28 @@ struct VecAvx512 {
                                        _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
     return _mm512_cvtph_ps(h);
   }
+  // 64 e4m3 bytes of an fp8x16 tile, W[k .. k+4)[16 columns] (dense_x16_impl.h), as the bf16 pairs vdpbf16ps
+  // takes: k01's 32-bit lane c = (W[k][c], W[k+1][c]), k23's = (W[k+2][c], W[k+3][c]); exact (every e4m3 value is
+  // a bf16 normal; subnormal codes are normalised by the table). One byte permute puts each output word's source
+  // where the unpacks read it, two 128-entry lookups (vpermi2b; bit 7 ignored) give each magnitude's bf16 high and
+  // low bytes, the sign is or-ed into the high bytes and two unpacks interleave them into words: 6 instructions
+  // for 64 weights where widening to fp32 takes 16 (AVX512-VBMI, which isa_supported(kAvx512Bf16) requires).
+#if defined(__AVX512VBMI__) && defined(__AVX512BF16__)
+  static constexpr bool kHasFp8Bf16Quad = true;
+  static void load_e4m3_bf16_quad(const uint8_t* p, RI& k01, RI& k23) {
+    const __m512i b = _mm512_permutexvar_epi8(_mm512_load_si512(kE4m3Bf16Table.perm), _mm512_loadu_si512(p));
+    const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Table.hi), b,
+                                                _mm512_load_si512(kE4m3Bf16Table.hi + 64));
+    const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Table.lo), b,
+                                                _mm512_load_si512(kE4m3Bf16Table.lo + 64));
+    const __m512i signed_hi = _mm512_ternarylogic_epi32(hi, b, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+    k01 = _mm512_unpacklo_epi8(lo, signed_hi);  // (128-bit lane j: the words of perm[16 j .. 16 j + 8))
+    k23 = _mm512_unpackhi_epi8(lo, signed_hi);
+  }
+#else
+  static constexpr bool kHasFp8Bf16Quad = false;
+  static void load_e4m3_bf16_quad(const uint8_t* p, RI& k01, RI& k23);  // declared only (kHasFp8Bf16Quad false)
+#endif
   // 16 fp8 as bf16, exactly, for the pair-dot tiles: the byte's exponent and mantissa placed in an fp32 with
   // the wrong bias (127 for 7 or 15), scaled by 2^120 / 2^112 (subnormals come out right too), top halves kept.
   static void fp8_to_bf16(const uint8_t* p, uint16_t* dst, bool e4m3) {

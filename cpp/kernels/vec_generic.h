@@ -11,6 +11,8 @@
 //   zero set1 load store load_bf16 store_bf16 round_bf16 (to the nearest bf16, kept in fp32) load_f16 (IEEE fp16)
 //   load_fp8 (e4m3 / e5m2) load_e4m3_low (e4m3 at 2^-8 times its value)
 //   load_bf16_pairs (2 W bf16 -> even, odd lanes) load_i dot_bf16 (vdpbf16ps)
+//   kHasFp8Bf16Quad, load_e4m3_bf16_quad (64 e4m3 of an fp8x16 tile -> two vectors of bf16 pairs; 16 lanes
+//   with the bf16 dot only)
 //   16 lanes only (attention_dot_tiles.h): zero_i, interleave_bf16 (vpunpck{l,h}wd pairs of two
 //   rows), reduce_add16 (16 vectors -> one vector of their sums)
 //   add sub mul div min max
@@ -119,6 +121,20 @@ struct VecGeneric {
     R r = load_fp8(p, true);
     for (int i = 0; i < W; ++i) r.v[i] *= 0x1p-8f;
     return r;
+  }
+  // vec_avx512.h's load_e4m3_bf16_quad (16 lanes with the bf16 dot emulated): the 64 e4m3 bytes W[k .. k+4)[16]
+  // of an fp8x16 tile as bf16 pairs, k01 lane c = (W[k][c], W[k+1][c]), k23 = (W[k+2][c], W[k+3][c]), exactly.
+  static constexpr bool kHasFp8Bf16Quad = kEmulateDotBf16 && kW == 16;
+  static void load_e4m3_bf16_quad(const uint8_t* p, RI& k01, RI& k23) {
+    static_assert(kW == 16, "load_e4m3_bf16_quad reads 16 columns");
+    R rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = load_fp8(p + 16 * r, true);
+    for (int c = 0; c < 16; ++c) {
+      k01.v[2 * c] = float_to_bf16_rne(rows[0].v[c]);  // (exact: every e4m3 value is a bf16)
+      k01.v[2 * c + 1] = float_to_bf16_rne(rows[1].v[c]);
+      k23.v[2 * c] = float_to_bf16_rne(rows[2].v[c]);
+      k23.v[2 * c + 1] = float_to_bf16_rne(rows[3].v[c]);
+    }
   }
   static R round_bf16(const R& a) {
     R r;

@@ -1,11 +1,13 @@
 // fp8 e4m3 weights with one fp32 scale per row (linear.h kDenseFp8E4M3, kDenseFp8E4M3x16) on every ISA this
 // CPU runs: against a double loop of weight_scales[n] * x[m] . fp8_to_float(W[n]) (+ bias, SwiGLU, bf16 out),
 // and bit for bit against the fp32 kernel on the widened copy in the same layout times the scale (the raw
-// sums are that kernel's; the scale one multiply). Odd K (the scalar tail), N off the tile sizes, M 1 .. 20,
-// bf16 x; the launcher's refusals (no scales, x16 rows not in groups of 16).
+// sums are that kernel's; the scale one multiply). Against bf16 x on the ISAs with the bf16 pair dot (K % 4 == 0),
+// the x16 layout's raw sums are instead bf16x16's pair-dot sums on the weights' bf16 copy, bit for bit. Odd K (the
+// scalar tail), N off the tile sizes, M 1 .. 20; the launcher's refusals (no scales, x16 rows not in groups of 16).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "kernels/linear.h"
 
 using namespace pagedcore::kernels;
+using pagedcore_test::pack_pairs_x16;
 using pagedcore_test::pack_x16;
 using pagedcore_test::round_bf16;
 using pagedcore_test::supported_isas;
@@ -95,7 +98,16 @@ struct Shape {
 const Shape kRowShapes[] = {{1, 1, 1}, {1, 7, 13}, {2, 33, 37}, {3, 50, 64}, {4, 18, 101}, {5, 9, 576},
                             {7, 66, 45}, {13, 30, 17}, {20, 41, 130}, {1, 90, 1537}};
 const Shape kX16Shapes[] = {{1, 16, 1}, {1, 48, 13}, {2, 32, 37}, {3, 64, 64}, {5, 80, 101}, {8, 16, 576},
-                            {9, 96, 45}, {13, 32, 17}, {20, 160, 130}, {1, 48, 1537}};
+                            {9, 96, 45}, {13, 32, 17}, {20, 160, 130}, {1, 48, 1537},
+                            {6, 48, 128}, {11, 96, 36}, {1, 48, 1536}, {4, 144, 4}};  // (K % 4 == 0: the pair dot)
+
+std::vector<Shape> shapes(bool x16) {
+  return x16 ? std::vector<Shape>(std::begin(kX16Shapes), std::end(kX16Shapes))
+             : std::vector<Shape>(std::begin(kRowShapes), std::end(kRowShapes));
+}
+
+// The ISAs whose fp8x16 kernel multiplies bf16 x on the bf16 pair dot (vdpbf16ps or its emulation).
+bool pair_dot(Isa isa) { return isa == Isa::kAvx512Bf16 || isa == Isa::kGeneric16Bf16; }
 
 }  // namespace
 
@@ -106,7 +118,7 @@ TEST(linear_fp8_sums_are_the_fp32_copys_times_the_scale) {
   uint32_t seed = 1;
   for (Isa isa : supported_isas())
     for (bool x16 : {false, true})
-      for (const Shape& s : x16 ? kX16Shapes : kRowShapes) {
+      for (const Shape& s : shapes(x16)) {
         const Layer l = make_layer(s.M, s.N, s.K, seed++);
         const std::vector<uint8_t> w8 = x16 ? pack_x16(l.w8, l.N, l.K) : l.w8;
         const std::vector<float> w32 = x16 ? pack_x16(l.w32, l.N, l.K) : l.w32;
@@ -129,7 +141,15 @@ TEST(linear_fp8_sums_are_the_fp32_copys_times_the_scale) {
             q.weight_format = f32;
             q.weight_scales = nullptr;
             q.bias = nullptr;
-            run(q, isa, what + " (fp32 copy)");
+            std::vector<uint16_t> w16;  // the bf16 copy in bf16x16's layout (the pair dot's reference)
+            if (x16 && bf16_x && pair_dot(isa) && l.K % 4 == 0) {
+              w16.resize(l.N * l.K);
+              for (int64_t i = 0; i < l.N * l.K; ++i) w16[i] = float_to_bf16(l.w32[i]);  // (exact)
+              w16 = pack_pairs_x16(w16, l.N, l.K);
+              q.weight = w16.data();
+              q.weight_format = WeightFormat::kDenseBf16x16;
+            }
+            run(q, isa, what + (w16.empty() ? " (fp32 copy)" : " (bf16x16 copy)"));
             for (int64_t m = 0; m < l.M; ++m)
               for (int64_t n = 0; n < l.N; ++n) {
                 volatile float scaled = raw[m * l.N + n] * l.scales[n];  // (volatile: no fused multiply-add)
@@ -161,7 +181,7 @@ TEST(linear_fp8_silu_mul_bias_and_bf16_out) {
   uint32_t seed = 1000;
   for (Isa isa : supported_isas())
     for (bool x16 : {false, true})
-      for (const Shape& s : x16 ? kX16Shapes : kRowShapes) {
+      for (const Shape& s : shapes(x16)) {
         const int64_t N = x16 ? (s.N % 32 ? s.N + 16 : s.N) : (s.N % 2 ? s.N + 1 : s.N);  // whole halves
         const Layer l = make_layer(s.M, N, s.K, seed++);
         const std::vector<uint8_t> w8 = x16 ? pack_x16(l.w8, N, l.K) : l.w8;
@@ -233,6 +253,34 @@ TEST(linear_fp8_widens_every_code_exactly) {
         run(p, isa, std::string(isa_name(isa)) + " code " + std::to_string(code));
         CHECK_EQ(out, static_cast<float>(K) * fp8_to_float<true>(static_cast<uint8_t>(code)));
       }
+}
+
+// The same through the x16 layout's bf16 conversion (the pair dot's, where the ISA has it; else the widening):
+// 256 rows, row n holding code n at each of K = 4 (one conversion of 64 bytes per group), x = 1 in bf16.
+TEST(linear_fp8_x16_converts_every_code_exactly_for_bf16_x) {
+  constexpr int64_t N = 256, K = 4;
+  std::vector<uint8_t> w(N * K);
+  std::vector<float> scales(N, 1.f), out(N, -1.f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] = (n & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(n);
+  const std::vector<uint8_t> packed = pack_x16(w, N, K);
+  const std::vector<uint16_t> x(K, float_to_bf16(1.f));
+  for (Isa isa : supported_isas()) {
+    LinearParams p;
+    p.out = out.data();
+    p.x = x.data();
+    p.x_dtype = DType::kBFloat16;
+    p.weight = packed.data();
+    p.weight_scales = scales.data();
+    p.M = 1;
+    p.N = N;
+    p.K = K;
+    p.x_stride = K;
+    p.out_stride = N;
+    p.weight_format = WeightFormat::kDenseFp8E4M3x16;
+    run(p, isa, std::string(isa_name(isa)) + " every code, bf16 x");
+    for (int64_t n = 0; n < N; ++n) CHECK_EQ(out[n], 4.f * fp8_to_float<true>(w[n * K]));
+  }
 }
 
 TEST(linear_fp8_refusals_write_nothing) {

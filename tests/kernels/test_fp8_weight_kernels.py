@@ -2,7 +2,8 @@
 cpp/kernels/linear.h kDenseFp8E4M3*): W8A16 on the dense kernels, on every ISA this CPU runs (the others are
 SKIPPED with the reason), against a float64 torch oracle (torch.float8_e4m3fn's own decoding of the bytes):
 random shapes off the tile sizes, odd K, bias, the SwiGLU epilogue, fp32 / bf16 x and out; bit for bit the
-fp32 kernel's sums on the widened copy times the scale; the x16 repack a lossless permutation; the C++ decoder
+fp32 kernel's sums on the widened copy times the scale (bf16 x in the x16 layout on AVX512-BF16: bf16x16's pair-dot
+sums on the bf16 copy); the x16 repack a lossless permutation; the C++ decoder
 stack and the one-call decode over fp8 layers equal to the Python layer loop / forward."""
 
 from __future__ import annotations
@@ -75,12 +76,18 @@ def kernel(w, fmt, K, bias=None, *, scales, isa, **kw):
 
 
 def _shapes(fmt: str, seed: int):
-    """(M, N, K): M 1 .. 20 and 33, 130; N off the tile widths (x16: whole groups); K odd and even."""
+    """(M, N, K): M 1 .. 20 and 33, 130; N off the tile widths (x16: whole groups); K odd at odd M, 2 mod 4 at
+    M = 2, else a multiple of 4 (what the x16 layout's bf16 pair dot takes)."""
     gen = torch.Generator().manual_seed(seed)
     for M in (1, 2, 3, 5, 8, 13, 20, 33, 130):
         groups = int(torch.randint(1, 9, (1,), generator=gen))
         N = 16 * groups if fmt == "fp8_e4m3x16" else int(torch.randint(1, 150, (1,), generator=gen))
-        yield M, N, int(torch.randint(1, 700, (1,), generator=gen)) | (M % 2)  # odd K at odd M
+        K = int(torch.randint(1, 175, (1,), generator=gen))
+        yield M, N, 4 * K + 1 if M % 2 else 4 * K + 2 if M == 2 else 4 * K
+
+
+# The ISAs whose x16 kernel multiplies bf16 x on bf16 pair dot products (cpp/kernels/dense_x16_impl.h kX16Fp8Dot).
+PAIR_DOT_ISAS = ("avx512_bf16", "generic16_bf16")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -121,7 +128,9 @@ def test_silu_mul_scales_each_half_by_its_own_rows(isa, fmt):
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
 def test_the_sums_are_the_fp32_copys_times_the_scale_bit_for_bit(isa, fmt):
     """The kernel widens each byte exactly and sums in the fp32 kernel's order (rows: dense_f32's, x16:
-    f32x16's); the scale is one multiply of the sum, the bias one add after it. bf16 x widens exactly too."""
+    f32x16's); the scale is one multiply of the sum, the bias one add after it. bf16 x widens exactly too, except
+    where the x16 layout meets bf16 x on the bf16 pair dot (K % 4 == 0): there the bytes become bf16 exactly and
+    the sums are bf16x16's on the weights' bf16 copy."""
     x16 = fmt == "fp8_e4m3x16"
     for i, (M, N, K) in enumerate(_shapes(fmt, seed=11)):
         w, scales, bias = layer(N, K, seed=300 + i)
@@ -132,19 +141,30 @@ def test_the_sums_are_the_fp32_copys_times_the_scale_bit_for_bit(isa, fmt):
         assert torch.equal(got, raw * scales), f"{fmt} {isa} M={M} N={N} K={K}"
         assert torch.equal(kernel(w, fmt, K, bias, scales=scales, isa=isa)(x), raw * scales + bias)
         from_bf16 = kernel(w, fmt, K, scales=scales, isa=isa, x_dtype=torch.bfloat16, out_dtype=torch.float32)
-        assert torch.equal(from_bf16(x.bfloat16()), got)
+        if x16 and isa in PAIR_DOT_ISAS and K % 4 == 0:
+            raw = linear_ops.linear(x.bfloat16(), pack_x16(w32.bfloat16()), isa=isa, x16=True, out_dtype=torch.float32)
+            assert torch.equal(from_bf16(x.bfloat16()), raw * scales), f"{fmt} {isa} bf16 x M={M} N={N} K={K}"
+        else:
+            assert torch.equal(from_bf16(x.bfloat16()), got)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_code_widens_exactly(isa):
     """One-hot rows of x read back each weight: all 254 non-NaN codes, subnormals and +-0 included, through
-    the vector part and the scalar tail (K = 254 is no multiple of 8 or 16)."""
+    the vector part and the scalar tail (K = 254 is no multiple of 8 or 16); and as bf16 x at K = 256."""
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # [254]
     w = torch.stack([codes, codes.roll(1)] * 8)  # [16, 254]
     eye = torch.eye(codes.numel())
     for fmt in FP8_FORMATS:
         got = kernel(w, fmt, codes.numel(), scales=torch.ones(16), isa=isa)(eye)  # [254, 16]: W^T
         assert torch.equal(got.double(), values(w).T), fmt
+    # bf16 x, K = 256 (two zero codes more): on AVX512-BF16 the x16 layout's conversion to bf16 pairs
+    w256 = torch.cat([w, torch.zeros(16, 2, dtype=torch.uint8)], dim=1)  # [16, 256]
+    eye16 = torch.eye(256, dtype=torch.bfloat16)
+    for fmt in FP8_FORMATS:
+        got = kernel(w256, fmt, 256, scales=torch.ones(16), isa=isa, x_dtype=torch.bfloat16,
+                     out_dtype=torch.float32)(eye16)  # [256, 16]: W^T
+        assert torch.equal(got.double(), values(w256).T), f"{fmt} bf16 x"
 
 
 def test_repack_is_a_lossless_permutation():

@@ -153,8 +153,12 @@ def test_quantization_fp8_quantizes_a_dense_checkpoint_at_load(tmp_path, monkeyp
         assert torch.equal(part.weight, codes)
     assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
     assert_same_as_oracle(folder_with_quantization(monkeypatch, folder), monkeypatch, {"fp8_e4m3"})
+    in_bf16 = load_model(folder, dtype="bfloat16", quantization="fp8", load_tokenizer=False)
+    assert in_bf16.weight_format == "fp8_per_channel" and in_bf16.config.dtype == "bfloat16"
+    (part16,) = in_bf16.model.model.layers[1].mlp.down_proj.quant_parts
+    assert torch.equal(part16.weight, part.weight) and torch.equal(part16.scales, part.scales)
     with pytest.raises(ModelLoadError, match="runs float32 activations"):
-        load_model(folder, dtype="bfloat16", quantization="fp8", load_tokenizer=False)
+        load_model(folder, dtype="bfloat16", quantization="int8_per_channel", load_tokenizer=False)
 
 
 def folder_with_quantization(monkeypatch, folder: str) -> str:
@@ -173,8 +177,49 @@ def test_a_checkpoint_method_other_than_the_flag_is_refused(folders):
     folder, _ = folders["ct-fp8-dynamic"]
     with pytest.raises(ModelLoadError, match="compressed-tensors checkpoint; --quantization fp8 does not apply"):
         load_model(folder, quantization="fp8", load_tokenizer=False)
-    with pytest.raises(ModelLoadError, match="run on the quantized kernels with float32 activations"):
-        load_model(folders["fp8-dynamic"][0], dtype="bfloat16", load_tokenizer=False)
+
+
+@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-dynamic"])
+def test_bfloat16_activations_keep_the_fp8_layers_and_stay_close_to_hf(folders, name):
+    """--dtype bfloat16: each layer keeps the same e4m3 bytes and scales as under fp32 and multiplies bf16 x (the
+    bf16 pair dot where the CPU has it: exact bf16 weights); the ignored lm_head is a dense bf16 layer, the table
+    and the KV cache bf16; the decoder stack and the one-call decode take the model. bf16 drifts as a dense bf16
+    model does (tests/models/test_llama_parity.py's bound): near HF fp32 on the dequantised weights, its top token
+    in HF's top 5."""
+    folder, dense = folders[name]
+    loaded = load_model(folder, dtype="bfloat16", load_tokenizer=False)
+    model, fp32 = loaded.model, load_model(folder, load_tokenizer=False).model
+    assert loaded.config.dtype == "bfloat16" and loaded.weight_format == SCHEMES[name][0]
+    for path in ("model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.down_proj"):
+        (part,), (part32,) = model.get_submodule(path).quant_parts, fp32.get_submodule(path).quant_parts
+        assert part.format == part32.format and part.format.startswith("fp8_e4m3")
+        assert torch.equal(part.weight, part32.weight) and torch.equal(part.scales, part32.scales)
+    from pagedcore.layers.linear import LINEAR_METHODS
+
+    assert model.lm_head.method is LINEAR_METHODS["bfloat16"] and model.lm_head.weight.dtype == torch.bfloat16
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
+    assert model.greedy_decoder() is not None, model.greedy_decode_reason
+    driver = PagedDriver(model)
+    assert driver.kv_cache.dtype == torch.bfloat16
+    prompt = random_prompt(21, seed=1)
+    logits = driver.step([(0, prompt)])  # [21, vocab] fp32
+    reference = tiny_models.hf_logits(dense, prompt)
+    assert (logits - reference).abs().max() < 0.1 * reference.abs().max()
+    top5 = reference.topk(5, dim=-1).indices
+    assert (top5 == logits.argmax(-1, keepdim=True)).any(-1).float().mean() >= 0.9
+
+
+def test_the_engine_serves_an_fp8_checkpoint_in_bfloat16(folders, monkeypatch):
+    """The one-call decode and the Python step loop give the same tokens under bf16 activations."""
+    folder, _ = folders["ct-fp8-dynamic"]
+    llm = LLM(folder, dtype="bfloat16", max_model_len=128)
+    prompts = [{"prompt_token_ids": p} for p in ([5, 9, 23, 7], [11, 3, 40, 41, 42, 8, 19])]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    fused = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert llm.llm_engine.worker.runner.model.greedy_decoder() is not None
+    monkeypatch.setenv("PAGEDCORE_GREEDY_DECODE", "0")
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == fused
 
 
 def test_the_engine_serves_an_fp8_checkpoint(folders):

@@ -63,9 +63,16 @@ class QuantLinearMethod(LinearMethod):
     ChannelInt8Weight's int8 rows); "int8_per_channel": float checkpoint tensors are quantized per output
     row at load (vLLM-style online quantization of a dense checkpoint)."""
 
-    def __init__(self, format: str, quantize_dense_to: str | None = None):
+    def __init__(self, format: str, quantize_dense_to: str | None = None, dtype: torch.dtype = torch.float32):
         self.format = format
         self.quantize_dense_to = quantize_dense_to  # None: a float tensor stays a float32 part
+        # The model's activation dtype: float32, or bfloat16 for fp8 weights (loader/quantization.py allows no
+        # other), where a layer the checkpoint left unquantized becomes a dense bf16 layer.
+        self.dtype = dtype
+
+    def for_dtype(self, dtype: torch.dtype) -> QuantLinearMethod:
+        """This method in a model whose activations are `dtype` (itself for float32)."""
+        return self if dtype is self.dtype else QuantLinearMethod(self.format, self.quantize_dense_to, dtype)
 
     def create_weights(self, layer: Linear, bias: bool) -> None:
         # The format of each row range is known only when its checkpoint tensor arrives; until then
@@ -158,7 +165,7 @@ class QuantLinearMethod(LinearMethod):
         parts = layer.quant_parts
         if (self.format in BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
                 and parts[0].num_rows == layer.out_features):
-            _become_dense(layer, parts[0])
+            _become_dense(layer, parts[0], self.dtype)
             return
         if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
             return
@@ -217,19 +224,19 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
     layer.weight.data = merged[0].weight if single else torch.empty(0, dtype=torch.uint8)
 
 
-def _become_dense(layer: Linear, part: QuantPart) -> None:
+def _become_dense(layer: Linear, part: QuantPart, dtype: torch.dtype = torch.float32) -> None:
     """A layer that a quantized file left unquantized (a GGUF's F16 / BF16 / F32 matrix; an HF GPTQ / AWQ /
-    compressed-tensors checkpoint's untied lm_head, `ignore`, modules_to_not_convert) becomes the dense layer
+    compressed-tensors / fp8 checkpoint's untied lm_head, `ignore`, modules_to_not_convert) becomes the dense layer
     a dense checkpoint would have: the x16 kernel where the CPU has it, a kernel binding for the one-call
-    decode's head (kernel_for), the C++ decoder stack, the kernels' pool where nothing else needs torch. A bf16
-    or fp16 tensor without a bias is held as stored (its exact values, half the bytes) and multiplies the
-    model's fp32 activations (the kernels widen it: the same sums as an fp32 copy); any other is held fp32.
-    Done through the dense method's own calls."""
+    decode's head (kernel_for), the C++ decoder stack, the kernels' pool where nothing else needs torch. In an fp32
+    model (`dtype`) a bf16 or fp16 tensor without a bias is held as stored (its exact values, half the bytes) and
+    multiplies the fp32 activations (the kernels widen it: the same sums as an fp32 copy); any other is held fp32.
+    In a bf16 model (fp8 checkpoints) it is the dense bf16 layer. Done through the dense method's own calls."""
     from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS
 
     bias = layer.bias  # (a biased layer stays fp32: its bias need not be 16-bit in the checkpoint)
-    held = HELD_16BIT_METHODS.get(part.source_dtype) if bias is None else None
-    dense = held or LINEAR_METHODS["float32"]
+    held = HELD_16BIT_METHODS.get(part.source_dtype) if bias is None and dtype is torch.float32 else None
+    dense = held or LINEAR_METHODS["bfloat16" if dtype is torch.bfloat16 else "float32"]
     layer.method = dense
     del layer.quant_parts, layer.input_perm
     dense.create_weights(layer, bias is not None)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from pagedcore.layers.linear import linear_method
+from pagedcore.layers.linear_quant import QuantLinearMethod
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_file import GGUFFile
@@ -101,7 +102,10 @@ def _load_hf(source: ModelSource, plan: WeightPlan, load_tokenizer: bool) -> Loa
 def build_model(config: ModelConfig, weight_format: str, weights, **shard) -> torch.nn.Module:
     """The model with its linear layers in `weight_format` (a LINEAR_METHODS name), weights loaded.
     shard: `shard=` ShardPlan and `tp_comm=` of one rank (distributed/model_shard.py), else nothing."""
-    model = model_class(config.architecture)(config, linear_method(weight_format), **shard)
+    method = linear_method(weight_format)
+    if isinstance(method, QuantLinearMethod):  # (kept quantized weights under the model's activation dtype)
+        method = method.for_dtype(config.torch_dtype)
+    model = model_class(config.architecture)(config, method, **shard)
     try:
         with _one_torch_thread():
             model.load_weights(weights)

@@ -12,11 +12,15 @@
     HF c-t  auto|float32   None | compressed-tensors   int8 per channel (W8A8) or Q4_0 / Q4_1 / Q8_0
                                                   blocks (compressed_tensors_checkpoint.py), or fp8   float32
     HF fp8  auto|float32   None | fp8         fp8 e4m3 rows + per-row scales, as stored (fp8_checkpoint.py) float32
+    HF fp8  bfloat16       None | fp8         the same                                    bfloat16 (bf16 dot)
     any     auto|float32   fp8                fp8 e4m3 per output row, quantized here    float32 (W8A16)
+    any     bfloat16       fp8                the same                                    bfloat16
 
-An HF folder's quantization_config decides (as in vLLM, --quantization may be left unset or name the
-checkpoint's method). Refused: bfloat16 with kept quantized weights (the quantized kernels take fp32
-activations), `gguf` on an HF folder, gptq / awq / compressed-tensors on another kind of checkpoint, other
+(HF fp8 includes compressed-tensors' fp8 checkpoints.) An HF folder's quantization_config decides (as in vLLM,
+--quantization may be left unset or name the checkpoint's method). fp8 weights run under bf16 activations too:
+e4m3 converts to bf16 exactly and the kernels multiply on bf16 pair dot products where the CPU has them (vLLM's
+arithmetic for these checkpoints). Refused: bfloat16 with the other kept quantized weights (their kernels quantize
+fp32 activations), `gguf` on an HF folder, gptq / awq / compressed-tensors on another kind of checkpoint, other
 pre-quantized checkpoints and variants (the checkpoint modules say which), unknown names.
 """
 
@@ -61,10 +65,11 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
             raise ModelLoadError(f"{source.path} is a {scheme.method} checkpoint; --quantization "
                                  f"{quantization} does not apply to it: leave --quantization unset (or pass "
                                  f"{scheme.method})")
-        if dtype == "bfloat16":
+        if dtype == "bfloat16" and not isinstance(scheme, Fp8Scheme):
             raise ModelLoadError(f"{source.path} is a {scheme.method} checkpoint, run on the quantized kernels "
                                  "with float32 activations; use --dtype auto (or float32)")
-        return WeightPlan("float32", scheme.method, keep_blocks=True, prequantized=scheme)
+        activations = "bfloat16" if dtype == "bfloat16" else "float32"
+        return WeightPlan(activations, scheme.method, keep_blocks=True, prequantized=scheme)
     if quantization in PREQUANTIZED_METHODS:
         raise ModelLoadError(f"--quantization {quantization} loads an HF folder stored in that format "
                              f"(config.json with a quantization_config whose quant_method is {quantization!r}); "
@@ -73,13 +78,13 @@ def plan_weights(source: ModelSource, dtype: str, quantization: str | None) -> W
         error = quantization_error(quantization)
         if error:
             raise ModelLoadError(error)
-        if dtype == "bfloat16":
+        if dtype == "bfloat16" and quantization != FP8:
             raise ModelLoadError(f"quantization {quantization!r} runs float32 activations; use --dtype auto "
                                  "(or float32) with it, or drop --quantization for a dense bfloat16 model")
     if quantization == "int8_per_channel":
         return WeightPlan("float32", "int8_per_channel", keep_blocks=False)
     if quantization == FP8:  # vLLM's online fp8: a dense checkpoint's linear weights quantized at load
-        return WeightPlan("float32", FP8_ONLINE, keep_blocks=False)
+        return WeightPlan("bfloat16" if dtype == "bfloat16" else "float32", FP8_ONLINE, keep_blocks=False)
     if source_format == "gguf":
         if dtype == "auto" or quantization == "gguf":
             return WeightPlan("float32", "gguf", keep_blocks=True)

@@ -147,8 +147,13 @@ def _fp8_report(isa: str) -> str:
     widen = "vcvtph2ps through fp16" if isa.startswith("avx") else "portable widening"
     layout = ("rows of whole 16-row groups repacked at load (fp8_e4m3x16)"
               if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") != "0" else "rows as stored (PAGEDCORE_QUANT_REPACK=0)")
-    return (f"e4m3 bytes widened in registers ({widen}) against fp32 x (bf16 x widened; never quantized), each "
-            f"row's sum times its fp32 scale in the epilogue: the fp32 sums at a quarter of the bytes; {layout}")
+    if isa in ("avx512_bf16", "generic16_bf16"):
+        bf16 = ("bf16 x (--dtype bfloat16): the x16 layout's bytes converted to bf16 pairs exactly (vpermi2b tables) "
+                f"and multiplied on {'vdpbf16ps' if isa == 'avx512_bf16' else 'its emulation'}")
+    else:
+        bf16 = "bf16 x widened to fp32 (this ISA has no bf16 dot)"
+    return (f"e4m3 bytes widened in registers ({widen}) against fp32 x (never quantized), each row's sum times its "
+            f"fp32 scale in the epilogue: the fp32 sums at a quarter of the bytes; {bf16}; {layout}")
 
 
 def _library_isa() -> str:
