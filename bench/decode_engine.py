@@ -149,8 +149,9 @@ def _greedy_params(output_len: int):
 def load_format(name: str):
     """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
     block format at load (q8_0, q4_0, q4_1), int8_per_channel (W8A8) or fp8 (e4m3 per row, weight-only; the
-    dequantised weights quantized at load, --quantization fp8). The kernels' threading is set for
-    it as an engine would (ops/kernel_threading.py), so the model-level sections run as the engine does."""
+    dequantised weights quantized at load, --quantization fp8; fp8_bfloat16 the same under bf16 activations).
+    The kernels' threading is set for it as an engine would (ops/kernel_threading.py), so the model-level
+    sections run as the engine does."""
     from pagedcore.loader import load_model
     from pagedcore.loader.requantize import load_requantized
     from pagedcore.ops import kernel_threading
@@ -159,6 +160,8 @@ def load_format(name: str):
         loaded = load_requantized(None, name)
     elif name in ("int8_per_channel", "fp8"):
         loaded = load_model(dtype="auto", load_tokenizer=False, quantization=name)
+    elif name == "fp8_bfloat16":  # --quantization fp8 --dtype bfloat16: bf16 activations (the bf16 pair dot)
+        loaded = load_model(dtype="bfloat16", load_tokenizer=False, quantization="fp8")
     else:
         loaded = load_model(dtype=name, load_tokenizer=False)
     kernel_threading.apply_for_models(loaded.model)

@@ -152,9 +152,15 @@ def test_quantization_fp8_quantizes_a_dense_checkpoint_at_load(tmp_path, monkeyp
     else:
         assert torch.equal(part.weight, codes)
     assert loaded.model.decoder_stack_status.supported, loaded.model.decoder_stack_status.reason
+    from pagedcore.layers.linear import LINEAR_METHODS
+
+    # the untied lm_head stays dense, as vLLM's online fp8 leaves it
+    assert not model.config.tie_word_embeddings and loaded.model.lm_head.method is LINEAR_METHODS["float32"]
+    assert torch.equal(loaded.model.lm_head.weight, model.lm_head.weight.detach())
     assert_same_as_oracle(folder_with_quantization(monkeypatch, folder), monkeypatch, {"fp8_e4m3"})
     in_bf16 = load_model(folder, dtype="bfloat16", quantization="fp8", load_tokenizer=False)
     assert in_bf16.weight_format == "fp8_per_channel" and in_bf16.config.dtype == "bfloat16"
+    assert in_bf16.model.lm_head.method is LINEAR_METHODS["bfloat16"]
     (part16,) = in_bf16.model.model.layers[1].mlp.down_proj.quant_parts
     assert torch.equal(part16.weight, part.weight) and torch.equal(part16.scales, part.scales)
     with pytest.raises(ModelLoadError, match="runs float32 activations"):

@@ -118,6 +118,11 @@ class LinearMethod:
         """Called once every checkpoint tensor of the model is loaded (vLLM's name): a format that
         re-lays its weights out for the kernels does it here, once. Nothing by default."""
 
+    def for_lm_head(self) -> LinearMethod:
+        """The method of an untied LM head in a model whose other linears use this one: itself, except where a
+        quantization scheme leaves the head dense (vLLM's online fp8)."""
+        return self
+
     def apply_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a gate/up layer (gate rows first): [num_tokens, in] -> [num_tokens, out // 2]."""
         raise NotImplementedError

@@ -74,6 +74,16 @@ class QuantLinearMethod(LinearMethod):
         """This method in a model whose activations are `dtype` (itself for float32)."""
         return self if dtype is self.dtype else QuantLinearMethod(self.format, self.quantize_dense_to, dtype)
 
+    def for_lm_head(self) -> LinearMethod:
+        """--quantization fp8 leaves an untied LM head dense in the model's dtype, as vLLM's online fp8 does (it
+        quantizes the decoder's linear layers only); every other method keeps its head as the checkpoint has it
+        (a quantized file's) or quantizes it too (int8_per_channel, this project's own method)."""
+        if self.quantize_dense_to == FP8_E4M3:
+            from pagedcore.layers.linear import LINEAR_METHODS
+
+            return LINEAR_METHODS["bfloat16" if self.dtype is torch.bfloat16 else "float32"]
+        return self
+
     def create_weights(self, layer: Linear, bias: bool) -> None:
         # The format of each row range is known only when its checkpoint tensor arrives; until then
         # `weight` is an empty placeholder (named, so the model's load_weights finds the parameter).

@@ -283,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
         vocab_rows = config.vocab_size if shard is None else shard.vocab[1] - shard.vocab[0]
         has_head = shard is None or shard.is_last_stage
         self.lm_head = (None if config.tie_word_embeddings or not has_head
-                        else Linear(config.hidden_size, vocab_rows, bias=False, method=method,
+                        else Linear(config.hidden_size, vocab_rows, bias=False, method=method.for_lm_head(),
                                     out_dtype=torch.float32))
         if config.tie_word_embeddings and has_head and self.model.embed_tokens is not None:
             self.model.embed_tokens.tied_head = True  # it may repack for the head (layers/embedding.py)
