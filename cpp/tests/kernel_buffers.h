@@ -66,7 +66,6 @@ inline std::vector<Isa> supported_isas() {
   return isas;
 }
 
-// W [N, K] -> the x16 layout [N/16][K][16] of any element type (f32x16, f16x16 and fp8_e4m3x16 alike).
 // bf16x16's layout [N/16][K/2][16][2] of W [N, K] (K even): packed[g][p][c][j] = W[16 g + c][2 p + j].
 template <typename T>
 std::vector<T> pack_pairs_x16(const std::vector<T>& w, int64_t N, int64_t K) {
@@ -76,6 +75,7 @@ std::vector<T> pack_pairs_x16(const std::vector<T>& w, int64_t N, int64_t K) {
   return packed;
 }
 
+// W [N, K] -> the x16 layout [N/16][K][16] of any element type (f32x16, f16x16 and fp8_e4m3x16 alike).
 template <typename T>
 std::vector<T> pack_x16(const std::vector<T>& w, int64_t N, int64_t K) {
   std::vector<T> packed(w.size());

@@ -116,12 +116,14 @@ def test_silu_mul_scales_each_half_by_its_own_rows(isa, fmt):
         N = 2 * N  # whole halves (x16: groups of 16 per half)
         w, scales, bias = layer(N, K, seed=50 + i)
         x = torch.randn(M, K, generator=torch.Generator().manual_seed(200 + i))
-        for out_dtype, b in ((torch.float32, bias), (torch.bfloat16, bias), (torch.float32, None)):
-            y = kernel(w, fmt, K, b, scales=scales, isa=isa, silu_mul=True, out_dtype=out_dtype)(x)
+        for x_dtype, out_dtype, b in ((torch.float32, torch.float32, bias), (torch.float32, torch.bfloat16, bias),
+                                      (torch.float32, torch.float32, None), (torch.bfloat16, torch.bfloat16, bias)):
+            xi = x.to(x_dtype)  # (bf16 x: the x16 layout's bf16 pair dot where the ISA has it)
+            y = kernel(w, fmt, K, b, scales=scales, isa=isa, silu_mul=True, x_dtype=x_dtype, out_dtype=out_dtype)(xi)
             assert y.shape == (M, N // 2)
-            ref, tol = oracle(x, w, scales, b, True, out_dtype)
+            ref, tol = oracle(xi, w, scales, b, True, out_dtype)
             err = (y.double() - ref).abs()
-            assert (err <= tol).all(), f"{fmt} {isa} silu_mul M={M} N={N} K={K} {out_dtype}: max err {err.max()}"
+            assert (err <= tol).all(), f"{fmt} {isa} silu_mul M={M} N={N} K={K} {x_dtype}->{out_dtype}: {err.max()}"
 
 
 @pytest.mark.parametrize("isa", ISAS)
