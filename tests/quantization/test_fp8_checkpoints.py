@@ -234,3 +234,36 @@ def test_the_engine_serves_an_fp8_checkpoint(folders):
     (out,) = LLM(folder, max_model_len=128).generate([{"prompt_token_ids": prompt}],
                                                      SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert list(out.outputs[0].token_ids) == hf_greedy(dense, prompt, 6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pipeline_stages_keep_the_fp8_layers(folders, dtype):
+    """Pipeline stages move whole layers, so each stage keeps its layers' e4m3 bytes and scales (tensor parallelism
+    is refused: it would cut them). The two stages chained in this process (the wire is the same
+    IntermediateTensors) give the one-process model's logits bit for bit, under fp32 and bf16 activations."""
+    from pagedcore.distributed.model_shard import check_shardable, load_model_shard
+    from pagedcore.distributed.rank import ParallelLayout
+
+    folder, _ = folders["ct-fp8-dynamic"]
+    reference = load_model(folder, dtype=dtype, load_tokenizer=False)
+    layout = ParallelLayout(pp_size=2)
+    stages = [load_model_shard(folder, dtype, None, layout.rank_info(rank), None) for rank in range(2)]
+    for stage in stages:
+        assert stage.weight_format == "compressed-tensors" and stage.config.dtype == dtype
+        for layer in stage.model.model.layers:
+            assert [p.format.removesuffix("x16") for p in layer.mlp.down_proj.quant_parts] == ["fp8_e4m3"]
+    assert [len(stage.model.model.layers) for stage in stages] == [2, 1]
+    prompt = random_prompt(17, seed=3)
+    tokens, expected = PagedDriver(reference.model).greedy(0, prompt, 4)
+    drivers = [PagedDriver(stage.model) for stage in stages]
+    got = []
+    with torch.inference_mode():
+        for chunk in [prompt] + [[token] for token in tokens[:-1]]:
+            out = None
+            for stage, driver in zip(stages, drivers):
+                input_ids, positions, metadata = driver.prepare([(0, chunk)])
+                out = stage.model(input_ids, positions, driver.kv_cache, metadata, out)
+            got.append(stages[1].model.compute_logits(out[-1:]))
+    assert torch.equal(torch.cat(got), expected)
+    with pytest.raises(ValueError, match="compressed-tensors checkpoint stays quantized"):
+        check_shardable(folder, dtype, None, tp_size=2)
