@@ -30,7 +30,7 @@ import time
 
 TEXT_PACKAGE = "tvm_ffi"
 TEXT_FILE = os.path.join("3rdparty", "libbacktrace", "Isaac.Newton-Opticks.txt")
-VARIANTS = ("fp32", "bf16", "q8_0", "as-stored", "int8_per_channel", "fp8")
+VARIANTS = ("fp32", "bf16", "q8_0", "as-stored", "int8_per_channel", "fp8", "fp8-bf16")
 _PEER_SCRIPT = os.path.join("bench", "peers", "perplexity_llamacpp.py")
 
 
@@ -94,7 +94,8 @@ def _engine(model, variant: str, args):
 
         return LLMEngine(EngineConfig(**options), loaded=load_requantized(model, "q8_0"))
     dtype, quantization = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "as-stored": ("auto", None),
-                           "int8_per_channel": ("auto", "int8_per_channel"), "fp8": ("auto", "fp8")}[variant]
+                           "int8_per_channel": ("auto", "int8_per_channel"), "fp8": ("auto", "fp8"),
+                           "fp8-bf16": ("bfloat16", "fp8")}[variant]
     return LLMEngine(EngineConfig(dtype=dtype, quantization=quantization, **options))
 
 
