@@ -35,6 +35,7 @@ class RankResult:
     decoder_stack: str  # "" when the C++ stack runs small steps, else the reason it declines
     num_local_layers: int
     num_kv_heads: int
+    weight_bytes_by_format: dict  # the rank's LoadedModel.weight_bytes ("float32", "fp8_e4m3", ...)
 
 
 def reference_steps(model, prompts: list[list[int]], num_decode: int, split: int) -> tuple[list[Chunks], list]:
@@ -96,7 +97,7 @@ def rank_main(rank: int, model: str | None, layout: ParallelLayout, steps: list[
                     activations[info.pp_rank].put((out.hidden.numpy().copy(), out.residual.numpy().copy()))
         status = shard.decoder_stack_status
         results.put(RankResult(rank, logits, loaded.total_weight_bytes, "" if status.supported else status.reason,
-                               shard.config.num_layers, shard.config.num_kv_heads))
+                               shard.config.num_layers, shard.config.num_kv_heads, dict(loaded.weight_bytes)))
     except BaseException as error:  # noqa: BLE001 - reported to the test, which fails with it
         import traceback
 

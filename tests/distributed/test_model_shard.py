@@ -148,6 +148,28 @@ def test_quantized_weights_with_tp_are_refused_before_loading():
     check_shardable(None, "auto", None, tp_size=1)  # pipeline stages keep any format
 
 
+@pytest.mark.timeout(240)
+def test_tp2_of_an_fp8_checkpoint_matches_one_process(tmp_path):
+    """An fp8 checkpoint (compressed-tensors FP8_DYNAMIC, channel scales) cut by KV group: each rank holds its rows'
+    e4m3 bytes with their scales (q / k / v, gate / up) or its input columns of every row (o, down), the same values
+    the one-process model holds there; logits within the dense bound, the same greedy tokens."""
+    from ..quantization.fp8_checkpoints import write_fp8_folder
+
+    folder, _ = write_fp8_folder(tmp_path / "fp8", "ct-fp8-dynamic", "qwen2_uneven")
+    check_shardable(folder, "float32", None, tp_size=2)
+    reference = load_model(folder, dtype="float32", load_tokenizer=False).model
+    assert reference.model.layers[0].mlp.down_proj.method.format == "compressed-tensors"
+    results, _ = check_against_one_process(reference, folder, ParallelLayout(tp_size=2))
+    assert [r.num_kv_heads for r in results] == [2, 1]
+    fp8_bytes = load_model(folder, dtype="float32", load_tokenizer=False).weight_bytes["fp8_e4m3"]
+    # every fp8 byte on exactly one rank (no KV head is replicated at 6 / 2 heads over 2 ranks); the row-parallel
+    # layers (o, down) keep each output row's scale on both ranks
+    row_parallel_scales = sum(4 * (layer.self_attn.o_proj.out_features + layer.mlp.down_proj.out_features)
+                              for layer in reference.model.layers)
+    assert sum(r.weight_bytes_by_format["fp8_e4m3"] for r in results) == fp8_bytes + row_parallel_scales
+    assert all(0 < r.weight_bytes_by_format["fp8_e4m3"] < fp8_bytes for r in results)
+
+
 def test_int8_quantization_with_tp_is_refused(tiny_folders):
     with pytest.raises(ValueError, match=r"--quantization int8_per_channel.*drop --quantization"):
         check_shardable(tiny_folders("qwen2_uneven"), "auto", "int8_per_channel", tp_size=2)

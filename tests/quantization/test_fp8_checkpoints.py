@@ -73,6 +73,20 @@ def test_a_layer_keeps_the_stored_bytes_and_one_scale_a_row():
         Fp8Weight("l", w.to(torch.float8_e5m2), torch.ones(48))
 
 
+def test_a_tensor_parallel_cut_keeps_the_bytes_and_scales():
+    q, scales = quantize(torch.randn(48, 64, generator=torch.Generator().manual_seed(2)), "channel", torch.float32)
+    scales = scales.reshape(-1)  # fp32 [48]
+    weight = Fp8Weight("l", q, scales.reshape(-1, 1))
+    rows, cols = weight.narrow(0, 16, 16), weight.narrow(1, 32, 32)
+    assert rows.shape == (16, 64) and cols.shape == (48, 32)
+    assert torch.equal(rows.fp8_rows()[0], q.view(torch.uint8)[16:32])
+    assert torch.equal(rows.fp8_rows()[1], scales[16:32])
+    assert torch.equal(cols.fp8_rows()[0], q.view(torch.uint8)[:, 32:]) and torch.equal(cols.fp8_rows()[1], scales)
+    assert torch.equal(cols.dequantized(), weight.dequantized()[:, 32:])
+    with pytest.raises(ValueError, match="dim 0 or 1"):
+        weight.narrow(2, 0, 1)
+
+
 def test_the_stream_pairs_weights_with_scales_and_drops_input_scales():
     q, scales = quantize(torch.randn(16, 32), "tensor", torch.float32)
     tensors = layer_tensors(q, scales, "fp8-static")
@@ -238,10 +252,10 @@ def test_the_engine_serves_an_fp8_checkpoint(folders):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pipeline_stages_keep_the_fp8_layers(folders, dtype):
-    """Pipeline stages move whole layers, so each stage keeps its layers' e4m3 bytes and scales (tensor parallelism
-    is refused: it would cut them). The two stages chained in this process (the wire is the same
+    """Pipeline stages move whole layers, so each stage keeps its layers' e4m3 bytes and scales (tensor parallelism:
+    tests/distributed/test_model_shard.py). The two stages chained in this process (the wire is the same
     IntermediateTensors) give the one-process model's logits bit for bit, under fp32 and bf16 activations."""
-    from pagedcore.distributed.model_shard import check_shardable, load_model_shard
+    from pagedcore.distributed.model_shard import load_model_shard
     from pagedcore.distributed.rank import ParallelLayout
 
     folder, _ = folders["ct-fp8-dynamic"]
@@ -265,5 +279,3 @@ def test_pipeline_stages_keep_the_fp8_layers(folders, dtype):
                 out = stage.model(input_ids, positions, driver.kv_cache, metadata, out)
             got.append(stages[1].model.compute_logits(out[-1:]))
     assert torch.equal(torch.cat(got), expected)
-    with pytest.raises(ValueError, match="compressed-tensors checkpoint stays quantized"):
-        check_shardable(folder, dtype, None, tp_size=2)

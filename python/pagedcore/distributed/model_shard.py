@@ -23,6 +23,7 @@ from pagedcore.layers.linear import LINEAR_METHODS, DenseLinearMethod
 from pagedcore.loader import gguf_loader, hf_loader
 from pagedcore.loader.gguf_file import GGUFFile
 from pagedcore.loader.model_loader import LoadedModel, _Timer, build_model
+from pagedcore.loader.fp8_checkpoint import Fp8Scheme
 from pagedcore.loader.quantization import plan_weights
 from pagedcore.loader.source import resolve_source
 from pagedcore.loader.tokenizer import tokenizer_from_folder, tokenizer_from_gguf
@@ -34,13 +35,15 @@ logger = logging.getLogger(__name__)
 
 
 def check_shardable(model: str | None, dtype: str, quantization: str | None, tp_size: int) -> None:
-    """Tensor parallelism cuts dense weights only: a quantized format (--dtype auto on a GGUF keeps
-    its blocks; --quantization ...) with tp > 1 is refused, naming the fix. Pipeline parallelism
-    moves whole layers, so any format runs there."""
+    """Tensor parallelism cuts dense weights and an fp8 checkpoint's rows (with their per-row scales) only: another
+    quantized format (--dtype auto on a GGUF keeps its blocks; GPTQ / AWQ / compressed-tensors int; --quantization
+    ...) with tp > 1 is refused, naming the fix. Pipeline parallelism moves whole layers, so any format runs there."""
     if tp_size <= 1:
         return
     source = resolve_source(model)
     plan = plan_weights(source, _dtype(dtype), quantization)
+    if isinstance(plan.prequantized, Fp8Scheme):
+        return  # an fp8 checkpoint's rows and their per-row scales cut as dense rows do (Fp8Weight.narrow)
     if not isinstance(LINEAR_METHODS[plan.weight_format], DenseLinearMethod) or plan.keep_blocks:
         if plan.prequantized is not None:
             raise ValueError(f"--tensor-parallel-size {tp_size} shards dense weights only, and this "

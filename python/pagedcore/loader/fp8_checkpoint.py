@@ -122,10 +122,21 @@ class Fp8Weight:
         scales = scales.reshape(N).to(torch.float32)
         if not bool(torch.isfinite(scales).all()):
             raise ModelLoadError(f"{name}: weight_scale holds non-finite values; re-quantize the checkpoint")
+        self.name = name
         self.shape = tuple(values.shape)
         self.input_perm = None
         self._bytes = values.contiguous().view(torch.uint8)  # uint8 [N, K]: the e4m3 codes
         self._scales = scales.contiguous()  # fp32 [N]
+
+    def narrow(self, dim: int, start: int, length: int) -> Fp8Weight:
+        """Output rows [start, start + length) with their scales (dim 0), or those input columns of every row,
+        each row keeping its scale (dim 1): a tensor-parallel rank's slice (distributed/shard_weights.py), the
+        same bytes and scales the one-process model holds there."""
+        if dim not in (0, 1):
+            raise ValueError(f"{self.name}: an fp8 weight is cut along dim 0 or 1, not {dim}")
+        codes = self._bytes.narrow(dim, start, length).contiguous()  # uint8
+        scales = self._scales.narrow(0, start, length) if dim == 0 else self._scales
+        return Fp8Weight(self.name, codes.view(torch.float8_e4m3fn), scales.clone())
 
     def fp8_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 [N, K] e4m3 codes, fp32 [N] scales)."""
