@@ -21,9 +21,9 @@ from pagedcore.distributed.shard_weights import shard_checkpoint
 from pagedcore.distributed.sharding import check_layout, shard_config, shard_plan
 from pagedcore.layers.linear import LINEAR_METHODS, DenseLinearMethod
 from pagedcore.loader import gguf_loader, hf_loader
+from pagedcore.loader.fp8_checkpoint import Fp8Scheme
 from pagedcore.loader.gguf_file import GGUFFile
 from pagedcore.loader.model_loader import LoadedModel, _Timer, build_model
-from pagedcore.loader.fp8_checkpoint import Fp8Scheme
 from pagedcore.loader.quantization import plan_weights
 from pagedcore.loader.source import resolve_source
 from pagedcore.loader.tokenizer import tokenizer_from_folder, tokenizer_from_gguf
