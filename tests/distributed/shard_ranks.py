@@ -38,6 +38,24 @@ class RankResult:
     weight_bytes_by_format: dict  # the rank's LoadedModel.weight_bytes ("float32", "fp8_e4m3", ...)
 
 
+def chained_stage_logits(reference_model, stages, prompt: list[int], num_tokens: int) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+    """The pipeline stages (LoadedModels, in order) chained in this process (the wire is the same
+    IntermediateTensors), teacher-forced with the one-process model's greedy tokens: (the last stage's logits of
+    the prompt's last token and of each fed token [num_tokens, vocab], the reference's)."""
+    tokens, expected = PagedDriver(reference_model).greedy(0, prompt, num_tokens)
+    drivers = [PagedDriver(stage.model) for stage in stages]
+    got = []
+    with torch.inference_mode():
+        for chunk in [prompt] + [[token] for token in tokens[:-1]]:
+            out = None
+            for stage, driver in zip(stages, drivers):
+                input_ids, positions, metadata = driver.prepare([(0, chunk)])
+                out = stage.model(input_ids, positions, driver.kv_cache, metadata, out)
+            got.append(stages[-1].model.compute_logits(out[-1:]))
+    return torch.cat(got), expected
+
+
 def reference_steps(model, prompts: list[list[int]], num_decode: int, split: int) -> tuple[list[Chunks], list]:
     """One process: sequence 0's whole prompt and the first `split` tokens of sequence 1, then the rest
     of sequence 1 beside sequence 0's first decode, then decodes of both; greedy. Returns the steps

@@ -25,7 +25,7 @@ from pagedcore.layers.layernorm import RMSNorm
 from pagedcore.loader import load_model
 
 from ..models import tiny_models
-from .shard_ranks import reference_steps, run_ranks
+from .shard_ranks import chained_stage_logits, reference_steps, run_ranks
 
 ATOL = 1e-4
 RTOL = 1e-5
@@ -237,21 +237,9 @@ class _NoComm:
 def test_pp_stages_keep_a_quantized_format():
     """--dtype auto keeps the GGUF blocks; pipeline stages move whole layers, so they run it too. The two
     stages are chained in this process (the wire is the same IntermediateTensors): bit-identical logits."""
-    from ..models.paged_driver import PagedDriver
-
     reference = load_model(None, dtype="auto", load_tokenizer=False)
     layout = ParallelLayout(pp_size=2)
     stages = [load_model_shard(None, "auto", None, layout.rank_info(rank), None) for rank in range(2)]
     assert reference.weight_format == "gguf" and all(s.weight_format == "gguf" for s in stages)
-    prompt = prompts_for(reference.config.vocab_size)[0]
-    tokens, expected = PagedDriver(reference.model).greedy(0, prompt, 4)
-    drivers = [PagedDriver(stage.model) for stage in stages]
-    got = []
-    with torch.inference_mode():
-        for chunk in [prompt] + [[token] for token in tokens[:-1]]:
-            out = None
-            for stage, driver in zip(stages, drivers):
-                input_ids, positions, metadata = driver.prepare([(0, chunk)])
-                out = stage.model(input_ids, positions, driver.kv_cache, metadata, out)
-            got.append(stages[1].model.compute_logits(out[-1:]))
-    assert torch.equal(torch.cat(got), expected)
+    got, expected = chained_stage_logits(reference.model, stages, prompts_for(reference.config.vocab_size)[0], 4)
+    assert torch.equal(got, expected)

@@ -258,6 +258,8 @@ def test_pipeline_stages_keep_the_fp8_layers(folders, dtype):
     from pagedcore.distributed.model_shard import load_model_shard
     from pagedcore.distributed.rank import ParallelLayout
 
+    from ..distributed.shard_ranks import chained_stage_logits
+
     folder, _ = folders["ct-fp8-dynamic"]
     reference = load_model(folder, dtype=dtype, load_tokenizer=False)
     layout = ParallelLayout(pp_size=2)
@@ -267,15 +269,5 @@ def test_pipeline_stages_keep_the_fp8_layers(folders, dtype):
         for layer in stage.model.model.layers:
             assert [p.format.removesuffix("x16") for p in layer.mlp.down_proj.quant_parts] == ["fp8_e4m3"]
     assert [len(stage.model.model.layers) for stage in stages] == [2, 1]
-    prompt = random_prompt(17, seed=3)
-    tokens, expected = PagedDriver(reference.model).greedy(0, prompt, 4)
-    drivers = [PagedDriver(stage.model) for stage in stages]
-    got = []
-    with torch.inference_mode():
-        for chunk in [prompt] + [[token] for token in tokens[:-1]]:
-            out = None
-            for stage, driver in zip(stages, drivers):
-                input_ids, positions, metadata = driver.prepare([(0, chunk)])
-                out = stage.model(input_ids, positions, driver.kv_cache, metadata, out)
-            got.append(stages[1].model.compute_logits(out[-1:]))
-    assert torch.equal(torch.cat(got), expected)
+    got, expected = chained_stage_logits(reference.model, stages, random_prompt(17, seed=3), 4)
+    assert torch.equal(got, expected)
