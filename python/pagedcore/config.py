@@ -141,10 +141,9 @@ class EngineConfig:
             raise ValueError(FP16_REFUSAL)
         if self.dtype not in (*_DTYPES, "auto"):
             fail("dtype", "one of " + ", ".join((*_DTYPES, "auto")))
-        if self.dtype == "auto" and self.quantization is None and (
-                self.device != "cpu" or self.tensor_parallel_size > 1):
-            # The quantized kernels run on the CPU only and tensor parallelism shards dense weights
-            # only: there a GGUF is dequantised to float32 (an HF folder is float32 under auto anyway).
+        if self.dtype == "auto" and self.quantization is None and self.device != "cpu":
+            # The quantized kernels run on the CPU only: on a GPU a GGUF is dequantised to float32 (an HF
+            # folder is float32 under auto anyway). CPU tensor-parallel ranks cut the blocks as stored.
             self.dtype = "float32"
         self.kv_cache_dtype = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp8": "fp8_e4m3"}.get(
             self.kv_cache_dtype, self.kv_cache_dtype)

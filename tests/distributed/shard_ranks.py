@@ -87,7 +87,7 @@ def _reference_steps(model, prompts: list[list[int]], num_decode: int, split: in
 
 
 def rank_main(rank: int, model: str | None, layout: ParallelLayout, steps: list[Chunks], tp_group,
-              results, activations) -> None:
+              results, activations, dtype: str = "float32", quantization: str | None = None) -> None:
     """One rank: load the shard, run every step, put a RankResult (or the exception's text) on results."""
     torch.set_num_threads(1)  # two ranks on two cores
     comm = None
@@ -97,7 +97,7 @@ def rank_main(rank: int, model: str | None, layout: ParallelLayout, steps: list[
         info = layout.rank_info(rank)
         if tp_group is not None:  # one stage in these tests: the group is every rank
             comm = comm_spec.open_communicator(tp_group, info.tp_rank)
-        loaded = load_model_shard(model, "float32", None, info, comm)
+        loaded = load_model_shard(model, dtype, quantization, info, comm)
         shard = loaded.model
         driver = PagedDriver(shard, num_blocks=NUM_BLOCKS)  # shard.config: this rank's layers and KV heads
         logits = []
@@ -125,17 +125,18 @@ def rank_main(rank: int, model: str | None, layout: ParallelLayout, steps: list[
             comm.close()
 
 
-def run_ranks(model: str | None, layout: ParallelLayout, steps: list[Chunks],
-              timeout: float = 240.0) -> list[RankResult]:
-    """Every rank of `layout` in its own spawned process; their results in rank order. The processes
-    are joined, or killed, before this returns, whatever happens."""
+def run_ranks(model: str | None, layout: ParallelLayout, steps: list[Chunks], timeout: float = 240.0,
+              dtype: str = "float32", quantization: str | None = None) -> list[RankResult]:
+    """Every rank of `layout` in its own spawned process, loading `model` with --dtype / --quantization; their
+    results in rank order. The processes are joined, or killed, before this returns, whatever happens."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     activations = [ctx.Queue() for _ in range(layout.pp_size - 1)]
     assert layout.tp_size == 1 or layout.pp_size == 1, "one tensor-parallel group in these tests"
     tp_group = comm_spec.create_shm_group(layout.tp_size) if layout.tp_size > 1 else None
-    processes = [ctx.Process(target=rank_main, args=(rank, model, layout, steps, tp_group, results, activations),
-                             daemon=True) for rank in range(layout.world_size)]
+    processes = [ctx.Process(target=rank_main, daemon=True,
+                             args=(rank, model, layout, steps, tp_group, results, activations, dtype, quantization))
+                 for rank in range(layout.world_size)]
     with _reaped(processes, tp_group):
         for process in processes:
             process.start()

@@ -138,16 +138,6 @@ def test_default_model_pp2_matches_one_process(default_reference):
     assert sum(r.weight_bytes for r in results) == sum(p.nbytes for p in default_reference.parameters()) + embedding
 
 
-@needs_default_model
-def test_quantized_weights_with_tp_are_refused_before_loading():
-    with pytest.raises(ValueError, match=r"--tensor-parallel-size 2 shards dense weights only.*--dtype auto on a "
-                                         r"GGUF.*pass --dtype float32\|bfloat16"):
-        check_shardable(None, "auto", None, tp_size=2)
-    with pytest.raises(ValueError, match=r"--quantization gguf.*--dtype float32\|bfloat16"):
-        load_model_shard(None, "float32", "gguf", ParallelLayout(tp_size=2).rank_info(0), tp_comm=_NoComm(2))
-    check_shardable(None, "auto", None, tp_size=1)  # pipeline stages keep any format
-
-
 @pytest.mark.timeout(240)
 def test_tp2_of_an_fp8_checkpoint_matches_one_process(tmp_path):
     """An fp8 checkpoint (compressed-tensors FP8_DYNAMIC, channel scales) cut by KV group: each rank holds its rows'
@@ -168,11 +158,6 @@ def test_tp2_of_an_fp8_checkpoint_matches_one_process(tmp_path):
                               for layer in reference.model.layers)
     assert sum(r.weight_bytes_by_format["fp8_e4m3"] for r in results) == fp8_bytes + row_parallel_scales
     assert all(0 < r.weight_bytes_by_format["fp8_e4m3"] < fp8_bytes for r in results)
-
-
-def test_int8_quantization_with_tp_is_refused(tiny_folders):
-    with pytest.raises(ValueError, match=r"--quantization int8_per_channel.*drop --quantization"):
-        check_shardable(tiny_folders("qwen2_uneven"), "auto", "int8_per_channel", tp_size=2)
 
 
 def test_impossible_layout_is_refused_before_loading(tiny_folders):

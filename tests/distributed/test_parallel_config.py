@@ -60,8 +60,6 @@ def test_backend_is_mp_when_the_model_needs_ranks():
 @pytest.mark.parametrize("kw, message", [
     (dict(tensor_parallel_size=4), r"--tensor-parallel-size 4 does not split .* use --tensor-parallel-size in"),
     (dict(pipeline_parallel_size=31), r"--pipeline-parallel-size 31 exceeds the model's 30 layers"),
-    (dict(tensor_parallel_size=2, quantization="gguf"), r"shards dense weights only.*--quantization gguf"),
-    (dict(tensor_parallel_size=2, quantization="int8_per_channel"), r"drop --quantization"),
     (dict(pipeline_parallel_size=2, enable_lora=True), r"LoRA adapters \(--enable-lora\) do not run"),
     (dict(tensor_parallel_size=2, device="cuda"), r"2 x 1 CUDA ranks need 2 GPUs, this machine has 0"),
     (dict(pipeline_parallel_size=2, device="cuda"), r"CUDA ranks: tensor parallel only"),
@@ -73,16 +71,21 @@ def test_bad_combinations_are_refused(kw, message):
         check_parallel_config(config(**kw), SMOL)
 
 
-def test_auto_with_tensor_parallelism_means_float32():
-    # TP shards dense weights only: a GGUF is dequantised under auto (the default), as on a GPU.
-    assert config(tensor_parallel_size=2).dtype == "float32"
-    assert config(pipeline_parallel_size=2).dtype == "auto"   # PP moves whole layers: blocks as stored
+def test_auto_with_parallelism_keeps_the_blocks_on_the_cpu():
+    # TP ranks cut a GGUF's blocks as stored (distributed/block_cuts.py), PP stages move whole layers; a GPU
+    # dequantises under auto.
+    assert config(tensor_parallel_size=2).dtype == "auto"
+    assert config(pipeline_parallel_size=2).dtype == "auto"
+    assert config(tensor_parallel_size=2, device="cuda").dtype == "float32"
 
 
 def test_good_combinations_pass():
     check_parallel_config(config(tensor_parallel_size=2), SMOL)          # uneven: 6 + 3 query heads
     check_parallel_config(config(pipeline_parallel_size=2), SMOL)
     check_parallel_config(config(pipeline_parallel_size=2, dtype="auto"), SMOL)   # PP moves whole layers
+    check_parallel_config(config(tensor_parallel_size=2, dtype="auto"), SMOL)     # Q4_1 cut on whole blocks
+    check_parallel_config(config(tensor_parallel_size=2, quantization="gguf"), SMOL)
+    check_parallel_config(config(tensor_parallel_size=2, quantization="int8_per_channel"), SMOL)
     check_parallel_config(config(), SMOL)                                # one process: nothing to check
 
 
@@ -103,8 +106,6 @@ def test_the_engine_refuses_before_loading_any_weight(monkeypatch):
     start = time.monotonic()
     with pytest.raises(ValueError, match="--tensor-parallel-size 4 does not split"):
         LLM(tensor_parallel_size=4)
-    with pytest.raises(ValueError, match="shards dense weights only"):
-        LLM(tensor_parallel_size=2, quantization="gguf")
     assert time.monotonic() - start < 60   # a generous bound on a loaded machine: no model was built
 
 

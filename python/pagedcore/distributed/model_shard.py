@@ -1,10 +1,11 @@
 """load_model_shard: one rank's part of a model, read from the checkpoint every rank sees.
 
-Each rank reads only its slices (distributed/shard_weights.py: safetensors slices; a GGUF tensor
-dequantised and cut one tensor at a time), builds the model from its shard_config and ShardPlan
-(models/llama.py), and reports the weight bytes it holds. LoadedModel.config stays the FULL model's
-config (the driver needs the vocabulary, EOS ids and lengths); the rank's own sizes are
-shard_config(config, rank), its KV cache KVCacheSpec.of(shard_config(...), ...).
+Each rank reads only its slices (distributed/shard_weights.py: safetensors slices; a GGUF tensor's
+blocks cut, or dequantised and cut, one tensor at a time; a pre-quantized checkpoint's rows, blocks and
+scales), builds the model from its shard_config and ShardPlan (models/llama.py), and reports the weight
+bytes it holds. LoadedModel.config stays the FULL model's config (the driver needs the vocabulary, EOS ids
+and lengths); the rank's own sizes are shard_config(config, rank), its KV cache
+KVCacheSpec.of(shard_config(...), ...).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import os
 import torch
 
 from pagedcore.distributed.communicator import Communicator
+from pagedcore.distributed.block_cuts import block_cut_error
 from pagedcore.distributed.intermediate_tensors import IntermediateTensors
 from pagedcore.distributed.rank import RankInfo
 from pagedcore.distributed.shard_weights import shard_checkpoint
 from pagedcore.distributed.sharding import check_layout, shard_config, shard_plan
-from pagedcore.layers.linear import LINEAR_METHODS, DenseLinearMethod
+from pagedcore.layers.linear import LINEAR_METHODS
 from pagedcore.loader import gguf_loader, hf_loader
-from pagedcore.loader.fp8_checkpoint import Fp8Scheme
 from pagedcore.loader.gguf_file import GGUFFile
 from pagedcore.loader.model_loader import LoadedModel, _Timer, build_model
 from pagedcore.loader.quantization import plan_weights
@@ -35,33 +36,24 @@ logger = logging.getLogger(__name__)
 
 
 def check_shardable(model: str | None, dtype: str, quantization: str | None, tp_size: int) -> None:
-    """Tensor parallelism cuts dense weights and an fp8 checkpoint's rows (with their per-row scales) only: another
-    quantized format (--dtype auto on a GGUF keeps its blocks; GPTQ / AWQ / compressed-tensors int; --quantization
-    ...) with tp > 1 is refused, naming the fix. Pipeline parallelism moves whole layers, so any format runs there."""
+    """Tensor parallelism cuts every weight format the loader holds: dense rows, int8 / fp8 rows with their
+    per-row scales, and blocks (GGUF's, GPTQ / AWQ / compressed-tensors int) on whole blocks. Raises ValueError,
+    naming the sizes that work, where a row-parallel cut would fall inside a block (distributed/block_cuts.py);
+    read from the GGUF header or config.json, before any weight. Pipeline parallelism moves whole layers."""
     if tp_size <= 1:
         return
     source = resolve_source(model)
-    plan = plan_weights(source, _dtype(dtype), quantization)
-    if isinstance(plan.prequantized, Fp8Scheme):
-        return  # an fp8 checkpoint's rows and their per-row scales cut as dense rows do (Fp8Weight.narrow)
-    if not isinstance(LINEAR_METHODS[plan.weight_format], DenseLinearMethod) or plan.keep_blocks:
-        if plan.prequantized is not None:
-            raise ValueError(f"--tensor-parallel-size {tp_size} shards dense weights only, and this "
-                             f"{plan.prequantized.method} checkpoint stays quantized; run it with "
-                             "--tensor-parallel-size 1 (--pipeline-parallel-size moves whole layers and runs it)")
-        how = f"--quantization {quantization}" if quantization else "--dtype auto on a GGUF file"
-        raise ValueError(f"--tensor-parallel-size {tp_size} shards dense weights only, and {how} keeps them in "
-                         f"the quantized format {plan.weight_format!r}; pass --dtype float32|bfloat16 "
-                         f"(the GGUF is dequantised at load){' and drop --quantization' if quantization else ''}, "
-                         "or run --tensor-parallel-size 1")
+    error = block_cut_error(source, plan_weights(source, _dtype(dtype), quantization), tp_size)
+    if error is not None:
+        raise ValueError(error)
 
 
 def load_model_shard(model: str | None, dtype: str, quantization: str | None, rank: RankInfo,
                      tp_comm: Communicator | None, load_tokenizer: bool = False) -> LoadedModel:
     """Rank `rank`'s part of the model (see the top of this file). tp_comm: the Communicator of the
     rank's stage group when tp_size > 1 (ignored otherwise). Raises ValueError for a layout the model
-    cannot be split into or a quantized format with tp > 1 (before any weight is read),
-    ModelLoadError for a checkpoint problem."""
+    cannot be split into or blocks it would cut inside (before any weight is read; an act-order checkpoint's
+    groups as its tensors are cut), ModelLoadError for a checkpoint problem."""
     tp_size = rank.tp_size
     if tp_size > 1 and tp_comm is None:
         raise ValueError(f"rank {rank.rank}: --tensor-parallel-size {tp_size} needs the stage's Communicator")
@@ -83,8 +75,8 @@ def load_model_shard(model: str | None, dtype: str, quantization: str | None, ra
         config = hf_loader.config_from_hf(source.path, plan.dtype, generation_config)
         # Lazy: a stage never reads another stage's layers, a TP rank reads only its slices.
         weights = hf_loader.lazy_weights_from_safetensors(hf_loader.safetensors_files(source.path))
-        if plan.prequantized is not None:  # GPTQ / AWQ / compressed-tensors (pipeline stages only: tensor
-            weights = plan.prequantized.convert(weights, source.path)  # parallelism refuses them above)
+        if plan.prequantized is not None:  # GPTQ / AWQ / compressed-tensors / fp8: the kernels' weights, then cut
+            weights = plan.prequantized.convert(weights, source.path)
     check_layout(config, rank.layout)
     timer.lap("metadata")
     if load_tokenizer:
@@ -93,7 +85,11 @@ def load_model_shard(model: str | None, dtype: str, quantization: str | None, ra
         chat_template = chat_template or getattr(tokenizer, "chat_template", None)
     timer.lap("tokenizer")
     shard = shard_plan(config, rank)
-    model_module = build_model(shard_config(config, rank), plan.weight_format, shard_checkpoint(shard, weights),
+    method = LINEAR_METHODS[plan.weight_format]
+    # --quantization int8_per_channel | fp8: a row-parallel tensor's whole rows are quantized, then cut
+    quantize_rows = method.quantize_rows if getattr(method, "quantize_dense_to", None) and tp_size > 1 else None
+    model_module = build_model(shard_config(config, rank), plan.weight_format,
+                               shard_checkpoint(shard, weights, quantize_rows),
                                shard=shard, tp_comm=tp_comm if tp_size > 1 else None)
     timer.lap("weights")
     loaded = LoadedModel(config, model_module, tokenizer, generation_config, chat_template, source, timer.laps,

@@ -16,7 +16,7 @@ slice; a plain torch.Tensor is narrowed as a view. The model's own load_weights 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -25,7 +25,7 @@ from pagedcore.layers.weights import CheckpointTensor
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Layer tensor (after "model.layers.N.") -> (dim cut, which ShardPlan range in rows of that dim).
-_LAYER_SLICES = {
+LAYER_SLICES = {
     "self_attn.q_proj.weight": (0, "q_rows"), "self_attn.q_proj.bias": (0, "q_rows"),
     "self_attn.k_proj.weight": (0, "kv_rows"), "self_attn.k_proj.bias": (0, "kv_rows"),
     "self_attn.v_proj.weight": (0, "kv_rows"), "self_attn.v_proj.bias": (0, "kv_rows"),
@@ -53,9 +53,13 @@ def narrow_checkpoint(tensor: CheckpointTensor, dim: int, rows: Range, name: str
     return full.narrow(dim, start, end - start)
 
 
-def shard_checkpoint(plan: ShardPlan, weights: Iterable[tuple[str, CheckpointTensor]]
+def shard_checkpoint(plan: ShardPlan, weights: Iterable[tuple[str, CheckpointTensor]],
+                     quantize_rows: Callable[[CheckpointTensor, str], CheckpointTensor] | None = None
                      ) -> Iterator[tuple[str, CheckpointTensor]]:
-    """The (name, tensor) pairs of `weights` that this rank's model holds, renamed and cut (see top)."""
+    """The (name, tensor) pairs of `weights` that this rank's model holds, renamed and cut (see top).
+    quantize_rows: a dense checkpoint quantized per output row at load (--quantization int8_per_channel | fp8)
+    quantizes a row-parallel tensor's whole rows before the cut (each row's scale from all its inputs, as in one
+    process), so every rank holds the one-process layer's values there."""
     first, end = plan.layers
     for name, tensor in weights:
         match = _LAYER.fullmatch(name)
@@ -63,9 +67,11 @@ def shard_checkpoint(plan: ShardPlan, weights: Iterable[tuple[str, CheckpointTen
             index, rest = int(match.group(1)), match.group(2)
             if not first <= index < end:
                 continue  # another stage's layer
-            cut = _LAYER_SLICES.get(rest)
+            cut = LAYER_SLICES.get(rest)
             if cut is not None:
                 dim, which = cut
+                if dim == 1 and quantize_rows is not None:
+                    tensor = quantize_rows(tensor, name)
                 tensor = narrow_checkpoint(tensor, dim, getattr(plan, which), name)
             yield f"model.layers.{index - first}.{rest}", tensor
         elif name == "model.embed_tokens.weight":

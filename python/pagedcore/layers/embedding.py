@@ -187,7 +187,8 @@ class VocabEmbedding(nn.Module):
 
 
 class VocabParallelEmbedding(VocabEmbedding):
-    """This tensor-parallel rank's rows [vocab_start, vocab_end) of the table (dense only). A lookup
+    """This tensor-parallel rank's rows [vocab_start, vocab_end) of the table: dense, or a GGUF's block rows kept
+    as stored (the rank's rows of blocks, repacked for its tied head as the whole table would be). A lookup
     finds the tokens in its range, zeroes the others' rows, and one all_reduce adds the ranks'
     results: each token's row comes from exactly one rank, plus zeros, so the sum is exact. As the
     tied LM head it gives the logits of its vocabulary columns only (the driver joins the slices)."""
@@ -200,18 +201,23 @@ class VocabParallelEmbedding(VocabEmbedding):
 
     def load_weight(self, param_name: str, loaded: CheckpointTensor, name: str) -> None:
         if getattr(loaded, "block_format", None) is not None:
-            raise ValueError(f"checkpoint tensor {name!r}: tensor parallelism shards dense tables only; "
-                             "load the model with --dtype float32|bfloat16")
+            super().load_weight(param_name, loaded, name)  # the rank's block rows, kept
+            return
         copy_weight(self.weight.data, loaded, name)
 
     def process_weights_after_loading(self) -> None:
-        """Nothing: a rank's slice stays in the checkpoint layout (its lookups mask and all-reduce)."""
+        """A dense slice stays in the checkpoint layout (its lookups mask and all-reduce); block rows repack as
+        the whole table's do (the tied head's kernel; lookups decode from the repacked bytes)."""
+        if self.block_format is not None:
+            super().process_weights_after_loading()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids int64 [num_tokens] (global ids) -> [num_tokens, hidden], summed over the ranks."""
         local_ids = input_ids - self.vocab_start  # [num_tokens]
         outside = (local_ids < 0) | (local_ids >= self.vocab_size)  # bool [num_tokens]: another rank's
-        hidden = F.embedding(local_ids.masked_fill_(outside, 0), self.weight)  # [num_tokens, hidden]
+        local_ids.masked_fill_(outside, 0)
+        hidden = (super().forward(local_ids) if self.block_format is not None  # [num_tokens, hidden]
+                  else F.embedding(local_ids, self.weight))
         hidden.masked_fill_(outside.unsqueeze(1), 0)
         self.comm.all_reduce(hidden)
         return hidden

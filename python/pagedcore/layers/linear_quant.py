@@ -119,6 +119,8 @@ class QuantLinearMethod(LinearMethod):
         _insert_part(layer, self._part(loaded, name, start, num_rows, layer.in_features))
 
     def _part(self, loaded: CheckpointTensor, name: str, start: int, num_rows: int, in_features: int) -> QuantPart:
+        if self.quantize_dense_to is not None and not _is_quantized(loaded):
+            loaded = self.quantize_rows(loaded, name)  # int8 / fp8 rows and their scales, taken below
         block_format = getattr(loaded, "block_format", None)
         if block_format is not None:  # GGUF blocks, kept as stored
             return QuantPart(block_format, start, num_rows, loaded.block_rows())
@@ -130,18 +132,27 @@ class QuantLinearMethod(LinearMethod):
             return QuantPart(FP8_E4M3, start, num_rows, values, scales)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
-        source_dtype = held_weights.source_dtype(loaded)
+        return QuantPart(_DENSE_PART, start, num_rows, dense, source_dtype=held_weights.source_dtype(loaded))
+
+    def quantize_rows(self, loaded: CheckpointTensor, name: str) -> CheckpointTensor:
+        """A dense checkpoint tensor [N, K] quantized per output row as this method holds it: a ChannelInt8Weight
+        (int8_per_channel) or an Fp8Weight (fp8 online); `loaded` itself for a method that does not quantize at
+        load. A tensor-parallel rank quantizes a row-parallel tensor's whole rows before its cut (narrow), so it
+        holds the one-process values (distributed/shard_weights.py)."""
+        if self.quantize_dense_to is None or _is_quantized(loaded):
+            return loaded
+        dense = torch.empty(tuple(loaded.shape), dtype=torch.float32)  # [N, K]
+        copy_weight(dense, loaded, name)
         if self.quantize_dense_to == INT8_PER_CHANNEL:
+            from pagedcore.loader.integer_weight import ChannelInt8Weight
             from pagedcore.ops.quant_linear import quantize_int8_per_channel
 
-            values, scales = quantize_int8_per_channel(dense)  # int8 [rows, in], fp32 [rows]
-            return QuantPart(INT8_PER_CHANNEL, start, num_rows, values.contiguous(), scales.contiguous())
-        if self.quantize_dense_to == FP8_E4M3:
-            from pagedcore.loader.fp8_checkpoint import quantize_fp8_per_channel
+            values, scales = quantize_int8_per_channel(dense)  # int8 [N, K], fp32 [N]
+            return ChannelInt8Weight(name, values, scales)
+        from pagedcore.loader.fp8_checkpoint import Fp8Weight, quantize_fp8_per_channel
 
-            values, scales = quantize_fp8_per_channel(dense)  # uint8 [rows, in] e4m3 codes, fp32 [rows]
-            return QuantPart(FP8_E4M3, start, num_rows, values, scales)
-        return QuantPart(_DENSE_PART, start, num_rows, dense, source_dtype=source_dtype)
+        codes, scales = quantize_fp8_per_channel(dense)  # uint8 [N, K] e4m3 codes, fp32 [N]
+        return Fp8Weight(name, codes.view(torch.float8_e4m3fn), scales)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         x2 = _ordered_inputs(layer, x)  # [num_rows, in]
@@ -255,6 +266,12 @@ def _become_dense(layer: Linear, part: QuantPart, dtype: torch.dtype = torch.flo
     if bias is not None:
         dense.load(layer, "bias", bias.data, "bias", None)
     dense.process_weights_after_loading(layer)
+
+
+def _is_quantized(loaded: CheckpointTensor) -> bool:
+    """A checkpoint tensor that arrives quantized (GGUF blocks, int8 or fp8 rows), not a float one."""
+    return (getattr(loaded, "block_format", None) is not None or hasattr(loaded, "int8_rows")
+            or hasattr(loaded, "fp8_rows"))
 
 
 def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

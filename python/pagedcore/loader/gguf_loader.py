@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from gguf import GGML_QUANT_SIZES
 
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_dequant import (BLOCK_FORMATS, FLOAT_TYPES, SUPPORTED_TYPES, dequantize, dequantize_into,
-                                           is_supported, row_bytes)
+                                           dequantize_rows, is_supported, row_bytes)
 from pagedcore.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.llama import ROPE_FREQ_FACTORS
@@ -160,11 +161,30 @@ class GGUFWeight:
             tensor = _unpermute_rows(tensor, self._permuted_heads)
         out.copy_(tensor)
 
-    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
-        """Rows [start, start + length) along dim of the dequantised tensor, rows in HF order: a
-        tensor-parallel rank's part. Blocks pack along the input dim (dim 1): a dim-0 cut decodes only
-        its rows (whole heads of a permuted Q/K: the permutation stays inside a head); a dim-1 cut
-        decodes the whole tensor (one fp32 temporary, kept by the slice until it is copied)."""
+    def cut_error(self, dim: int, start: int, length: int) -> str | None:
+        """Why [start, start + length) along dim cannot be this tensor's kept blocks, or None: an input (dim 1)
+        cut must fall on the format's block boundaries (32 weights; 256 for the k-quants), a row cut of a
+        permuted Q/K on whole heads. A dequantised tensor cuts anywhere (None)."""
+        if self.block_format is None or len(self.shape) != 2:
+            return None
+        if dim == 1:
+            block_elems = GGML_QUANT_SIZES[self._info.ggml_type][0]
+            if start % block_elems or length % block_elems:
+                return (f"{self._info.name} ({self._info.ggml_type.name}, blocks of {block_elems} inputs) would be "
+                        f"cut at inputs [{start}, {start + length}), inside a block")
+        elif self._permuted_heads and (start % (head_rows := self.shape[0] // self._permuted_heads)
+                                       or length % head_rows):
+            return f"{self._info.name} would be cut at rows [{start}, {start + length}), inside a head"
+        return None
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor | GGUFBlockSlice:
+        """Rows [start, start + length) along dim, rows in HF order: a tensor-parallel rank's part.
+        Kept blocks (keep_blocks): a GGUFBlockSlice of the same bytes, whole rows (dim 0) or whole blocks of every
+        row (dim 1; cut_error says where that is impossible). Dequantised: blocks pack along the input dim (dim 1),
+        so a dim-0 cut decodes only its rows (whole heads of a permuted Q/K: the permutation stays inside a head);
+        a dim-1 cut decodes the whole tensor (one fp32 temporary, kept by the slice until it is copied)."""
+        if self.block_format is not None and len(self.shape) == 2:
+            return self._block_slice(dim, start, length)
         head_rows = self.shape[0] // self._permuted_heads if self._permuted_heads else 1
         if dim == 0 and start % head_rows == 0 and length % head_rows == 0:
             nbytes = row_bytes(self._info.ggml_type, self.shape[-1]) if len(self.shape) > 1 else None
@@ -178,6 +198,53 @@ class GGUFWeight:
         if self._permuted_heads is not None:
             tensor = _unpermute_rows(tensor, self._permuted_heads)
         return tensor.narrow(dim, start, length)
+
+    def _block_slice(self, dim: int, start: int, length: int) -> GGUFBlockSlice:
+        error = self.cut_error(dim, start, length)
+        if error is not None:
+            raise ValueError(f"{error}; {BLOCK_CUT_FIX}")
+        file_rows = self._gguf.raw(self._info).view(self.shape[0], -1)  # uint8 [N, row_bytes], the map's pages
+        if dim == 0:
+            rows = file_rows[start:start + length]  # uint8 [length, row_bytes]
+            if self._permuted_heads is not None:  # whole heads (cut_error): un-permuted inside each
+                rows = _unpermute_rows(rows, length // (self.shape[0] // self._permuted_heads))
+            shape = (length, self.shape[1])
+        elif dim == 1:
+            block_elems, block_bytes = GGML_QUANT_SIZES[self._info.ggml_type]
+            first, end = start // block_elems * block_bytes, (start + length) // block_elems * block_bytes
+            rows = file_rows[:, first:end]  # uint8 [N, cut bytes]: each row's blocks of these inputs
+            if self._permuted_heads is not None:
+                rows = _unpermute_rows(rows, self._permuted_heads)
+            shape = (self.shape[0], length)
+        else:
+            raise ValueError(f"{self._info.name}: a 2-d tensor is cut along dim 0 or 1, not {dim}")
+        # A copy (as block_rows): the layer owns its bytes, not the map's pages.
+        return GGUFBlockSlice(rows.clone(memory_format=torch.contiguous_format), shape, self._info.ggml_type,
+                              self.block_format)
+
+
+class GGUFBlockSlice:
+    """A tensor-parallel rank's cut of a GGUF tensor whose blocks are kept (GGUFWeight.narrow): its own bytes,
+    offered to the layers as a GGUFWeight offers all of them (block_rows, block_format)."""
+
+    source_dtype = None
+
+    def __init__(self, rows: torch.Tensor, shape: tuple[int, int], ggml_type, block_format: str):
+        self._rows = rows  # uint8 [shape[0], row_bytes(ggml_type, shape[1])]
+        self.shape = shape
+        self.ggml_type = ggml_type
+        self.block_format = block_format
+
+    def block_rows(self) -> torch.Tensor:
+        return self._rows
+
+    def load_into(self, out: torch.Tensor) -> None:
+        out.copy_(dequantize_rows(self._rows, self.ggml_type))
+
+
+# What to do when a kept-block tensor cannot be cut for tensor parallelism.
+BLOCK_CUT_FIX = ("choose a --tensor-parallel-size that cuts the heads and the intermediate size on whole blocks, or "
+                 "pass --dtype float32|bfloat16 (dequantised at load: cuts anywhere)")
 
 
 def weights_from_gguf(gguf: GGUFFile, config: ModelConfig,

@@ -32,8 +32,9 @@ class GroupedIntWeight:
     load_into the exact dequantised values (fp32, the checkpoint's input order; slices go through it)."""
 
     def __init__(self, name: str, bits: int, q: torch.Tensor, group: torch.Tensor, zeros: torch.Tensor,
-                 scales: torch.Tensor, input_perm: torch.Tensor | None = None):
-        # q [N, K] and group int64 [K] in input_perm's order; zeros [N, G]; scales [N, G]
+                 scales: torch.Tensor, input_perm: torch.Tensor | None = None, block_format: str | None = None):
+        # q [N, K] and group int64 [K] in input_perm's order; zeros [N, G]; scales [N, G]. block_format: a cut
+        # keeps its whole weight's (a slice of an asymmetric weight may hold only zeros of 8: still Q4_1)
         N, K = q.shape
         if K % BLOCK:
             raise ModelLoadError(f"{name}: {K} inputs; the block kernels need a multiple of {BLOCK}")
@@ -54,7 +55,36 @@ class GroupedIntWeight:
             raise ModelLoadError(f"{name}: asymmetric 8-bit weights (zero points other than 128); the Q8_0 "
                                  "kernels hold symmetric ones: use a symmetric (sym=True) 8-bit checkpoint, a "
                                  "4-bit one, or the model's GGUF")
-        self.block_format = {4: "q4_0" if symmetric else "q4_1", 8: "q8_0"}[bits]
+        self.block_format = block_format or {4: "q4_0" if symmetric else "q4_1", 8: "q8_0"}[bits]
+
+    def narrow(self, dim: int, start: int, length: int) -> GroupedIntWeight:
+        """A tensor-parallel rank's cut, in the checkpoint's input order: output rows [start, start + length) with
+        their groups' scales and zeros (dim 0), or those inputs of every row (dim 1), which must be whole blocks of
+        32: the rank's blocks are then the one-process layer's blocks there (act order: the inputs of the range,
+        kept in their sorted order, must still make whole blocks of one group). ValueError otherwise."""
+        if dim == 0:
+            return GroupedIntWeight(self._name, self.bits, self._q[start:start + length], self._group,
+                                    self._zeros[start:start + length], self._scales[start:start + length],
+                                    self.input_perm, self.block_format)
+        if dim != 1:
+            raise ValueError(f"{self._name}: a linear weight is cut along dim 0 or 1, not {dim}")
+        if self.input_perm is None:
+            if start % BLOCK or length % BLOCK:
+                raise ValueError(f"{self._name}: tensor parallelism would cut its inputs at [{start}, "
+                                 f"{start + length}), inside a block of {BLOCK}; choose a --tensor-parallel-size "
+                                 "that cuts the heads and the intermediate size on multiples of 32")
+            return GroupedIntWeight(self._name, self.bits, self._q[:, start:start + length],
+                                    self._group[start:start + length], self._zeros, self._scales,
+                                    block_format=self.block_format)
+        inside = (self.input_perm >= start) & (self.input_perm < start + length)  # bool [K], sorted order
+        positions = inside.nonzero().squeeze(1)  # int64 [length]: the range's inputs, still sorted by group
+        try:
+            return GroupedIntWeight(self._name, self.bits, self._q[:, positions], self._group[positions],
+                                    self._zeros, self._scales, self.input_perm[positions] - start, self.block_format)
+        except ModelLoadError as error:
+            raise ValueError(f"{self._name}: act order (g_idx) leaves this tensor-parallel rank's inputs "
+                             f"[{start}, {start + length}) in groups that are not whole blocks of {BLOCK} ({error}); "
+                             "run it with --tensor-parallel-size 1 or use a checkpoint without act order") from None
 
     def dequantized(self) -> torch.Tensor:
         """fp32 [N, K]: scale * (q - zero), the checkpoint's own formula, in its input order."""
@@ -106,8 +136,17 @@ class ChannelInt8Weight:
             raise ModelLoadError(f"{name}: weight_scale has {scales.numel()} values for {N} output rows")
         self.shape = tuple(values.shape)
         self.input_perm = None
+        self._name = name
         self._values = values.contiguous()  # int8 [N, K]
         self._scales = scales.reshape(N).to(torch.float32).contiguous()  # fp32 [N]
+
+    def narrow(self, dim: int, start: int, length: int) -> ChannelInt8Weight:
+        """A tensor-parallel rank's cut: output rows with their scales (dim 0), or those inputs of every row, each
+        row keeping its scale (dim 1): the values and scales the one-process layer holds there."""
+        if dim not in (0, 1):
+            raise ValueError(f"{self._name}: a linear weight is cut along dim 0 or 1, not {dim}")
+        scales = self._scales.narrow(0, start, length) if dim == 0 else self._scales
+        return ChannelInt8Weight(self._name, self._values.narrow(dim, start, length), scales)
 
     def int8_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._values, self._scales

@@ -1,0 +1,101 @@
+"""Whether tensor parallelism can cut a model whose weights stay in blocks, decided before any weight is read.
+
+A block holds a run of inputs with one scale, so a row-parallel layer (o_proj, down_proj: each rank holds
+some of its input columns) can only be cut on block boundaries:
+
+    format                                  inputs per block   cut at
+    GGUF Q8_0 / Q4_0 / Q4_1                 32                 o_proj: q_rows (whole heads); down_proj:
+    GGUF Q4_K / Q5_K / Q6_K                 256                the rank's intermediate range
+    GPTQ / AWQ / compressed-tensors int     32 (their groups are whole blocks: loader/integer_weight.py)
+
+Row cuts (q / k / v, gate / up, the vocabulary) move whole rows and always fit; int8 and fp8 rows with per-row
+scales cut anywhere. A GGUF's types are read from its header (a Q4_K_M file keeps some layers in Q6_K); an HF
+checkpoint's block is 32. An act-order (g_idx) checkpoint is checked as its tensors are cut
+(GroupedIntWeight.narrow), since its groups are known only from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pagedcore.distributed.rank import ParallelLayout
+from pagedcore.distributed.shard_weights import LAYER_SLICES
+from pagedcore.distributed.sharding import check_layout, shard_plan
+from pagedcore.loader.compressed_tensors_checkpoint import CompressedTensorsScheme
+from pagedcore.loader.gptq_awq_checkpoint import GptqAwqScheme
+from pagedcore.loader.integer_weight import BLOCK
+from pagedcore.loader.quantization import WeightPlan
+from pagedcore.loader.source import ModelSource
+from pagedcore.model_config import ModelConfig
+
+# (HF layer tensor name, dim, start, length) -> why that cut falls inside a block, or None
+CutCheck = Callable[[str, int, int, int], "str | None"]
+
+
+def block_cut_error(source: ModelSource, plan: WeightPlan, tp_size: int) -> str | None:
+    """Why `tp_size` ranks cannot cut this model's kept blocks (the first cut that fails, and the sizes that
+    work), or None where every cut falls on a block boundary or nothing is held in blocks."""
+    found = _model_and_check(source, plan)
+    if found is None:
+        return None
+    config, check = found
+    error = _first_error(config, tp_size, check)
+    if error is None:
+        return None
+    fits = [n for n in range(1, 9) if _fits(config, n, check)]
+    return (f"--tensor-parallel-size {tp_size} would cut a weight kept in blocks inside a block: {error}; "
+            f"--tensor-parallel-size in {fits} cuts on whole blocks (up to 8 tried), or pass --dtype "
+            "float32|bfloat16 on a GGUF (dequantised at load: cuts anywhere)")
+
+
+def _model_and_check(source: ModelSource, plan: WeightPlan) -> tuple[ModelConfig, CutCheck] | None:
+    if source.format == "gguf":
+        if not plan.keep_blocks:
+            return None
+        from pagedcore.loader import gguf_loader
+        from pagedcore.loader.gguf_file import GGUFFile
+
+        gguf = GGUFFile(source.path)
+        config = gguf_loader.config_from_gguf(gguf, plan.dtype)
+        tensors = dict(gguf_loader.weights_from_gguf(gguf, config, keep_blocks=True))  # header only: lazy
+
+        def gguf_check(name: str, dim: int, start: int, length: int) -> str | None:
+            tensor = tensors.get(name)
+            return None if tensor is None else tensor.cut_error(dim, start, length)
+
+        return config, gguf_check
+    scheme = plan.prequantized
+    grouped = isinstance(scheme, GptqAwqScheme) or (isinstance(scheme, CompressedTensorsScheme) and not scheme.w8a8)
+    if not grouped:
+        return None  # dense, int8 / fp8 rows: any cut
+    from pagedcore.loader import hf_loader
+
+    config = hf_loader.config_from_hf(source.path, plan.dtype, hf_loader.read_generation_config(source.path))
+
+    def hf_check(name: str, dim: int, start: int, length: int) -> str | None:
+        if dim == 1 and (start % BLOCK or length % BLOCK):
+            return f"{name} (blocks of {BLOCK} inputs) would be cut at inputs [{start}, {start + length})"
+        return None
+
+    return config, hf_check
+
+
+def _first_error(config: ModelConfig, tp_size: int, check: CutCheck) -> str | None:
+    layout = ParallelLayout(tp_size=tp_size)
+    check_layout(config, layout)
+    for rank in range(tp_size):
+        shard = shard_plan(config, layout.rank_info(rank))
+        for layer in range(config.num_layers):
+            for rest, (dim, which) in LAYER_SLICES.items():
+                start, end = getattr(shard, which)
+                error = check(f"model.layers.{layer}.{rest}", dim, start, end - start)
+                if error is not None:
+                    return f"rank {rank}: {error}"
+    return None
+
+
+def _fits(config: ModelConfig, tp_size: int, check: CutCheck) -> bool:
+    try:
+        return _first_error(config, tp_size, check) is None
+    except ValueError:  # a layout the heads cannot take
+        return False
