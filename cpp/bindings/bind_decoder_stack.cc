@@ -21,13 +21,15 @@ void bind_decoder_stack(py::module_& m) {
                        const std::optional<std::vector<std::vector<std::optional<kernels::WeightFormat>>>>& formats,
                        const std::optional<std::vector<std::vector<uintptr_t>>>& scales,
                        const std::optional<std::vector<std::vector<std::optional<std::vector<int64_t>>>>>& lora,
-                       const std::optional<std::vector<std::vector<uintptr_t>>>& input_perms) {
+                       const std::optional<std::vector<std::vector<uintptr_t>>>& input_perms,
+                       const std::optional<std::vector<std::vector<int64_t>>>& block_k) {
              kernels::DecoderStack s;
              const size_t num_layers = layer_ptrs.size();
              if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers) ||
-                 (lora && lora->size() != num_layers) || (input_perms && input_perms->size() != num_layers))
-               throw py::value_error("linear_formats, linear_scales, lora_stacks and linear_input_perms need one "
-                                     "entry per layer");
+                 (lora && lora->size() != num_layers) || (input_perms && input_perms->size() != num_layers) ||
+                 (block_k && block_k->size() != num_layers))
+               throw py::value_error("linear_formats, linear_scales, lora_stacks, linear_input_perms and "
+                                     "linear_block_k need one entry per layer");
              for (size_t l = 0; l < num_layers; ++l) {
                const auto& v = layer_ptrs[l];
                if (v.size() != 9)
@@ -55,6 +57,12 @@ void bind_decoder_stack(py::module_& m) {
                    if ((*scales)[l].size() != kernels::kNumStackLinears)
                      throw py::value_error("each layer's linear_scales has 4 entries: qkv, o_proj, gate_up, down");
                    w.scales[i] = ptr<const float>((*scales)[l][i]);
+                 }
+                 // fp8x16 with block-wise scales: inputs per block (the scales are then [N/16][KB]); 0: none.
+                 if (block_k) {
+                   if ((*block_k)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's linear_block_k has 4 entries: qkv, o_proj, gate_up, down");
+                   w.block_k[i] = (*block_k)[l][i];
                  }
                  // An act-order layer's int64 [K] input order (0: inputs as they come); Python checks it.
                  if (input_perms) {
@@ -102,7 +110,7 @@ void bind_decoder_stack(py::module_& m) {
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
            py::arg("dtype"), py::arg("isa") = -1, py::arg("linear_formats") = py::none(),
            py::arg("linear_scales") = py::none(), py::arg("lora_stacks") = py::none(),
-           py::arg("linear_input_perms") = py::none())
+           py::arg("linear_input_perms") = py::none(), py::arg("linear_block_k") = py::none())
       .def(
           "run",
           [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,

@@ -43,12 +43,15 @@ void bind_linear(py::module_& m) {
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,
                        kernels::WeightFormat weight_format, int32_t bias_dtype, int32_t out_dtype, int32_t epilogue,
-                       int32_t isa, uintptr_t weight_scales) {
+                       int32_t isa, uintptr_t weight_scales, uintptr_t weight_block_scales,
+                       int64_t weight_block_k) {
              if (epilogue != 0 && epilogue != 1) throw py::value_error("unknown epilogue code");
              kernels::LinearLayer layer;
              layer.params.weight = ptr<const void>(weight);
              layer.params.bias = ptr<const void>(bias);
              layer.params.weight_scales = ptr<const void>(weight_scales);
+             layer.params.weight_block_scales = ptr<const float>(weight_block_scales);
+             layer.params.weight_block_k = weight_block_k;
              layer.params.N = N;
              layer.params.K = K;
              layer.params.x_dtype = to_dtype(x_dtype);
@@ -61,7 +64,8 @@ void bind_linear(py::module_& m) {
            }),
            py::kw_only(), py::arg("weight"), py::arg("bias"), py::arg("N"), py::arg("K"), py::arg("x_dtype"),
            py::arg("weight_format"), py::arg("bias_dtype"), py::arg("out_dtype"), py::arg("epilogue"),
-           py::arg("isa") = -1, py::arg("weight_scales") = 0)
+           py::arg("isa") = -1, py::arg("weight_scales") = 0, py::arg("weight_block_scales") = 0,
+           py::arg("weight_block_k") = 0)
       .def(
           "__call__",
           [](const kernels::LinearLayer& layer, uintptr_t out, uintptr_t x, int64_t M, int64_t x_stride,

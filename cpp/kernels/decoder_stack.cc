@@ -166,7 +166,12 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     lp.out = out;
     lp.x = x;
     lp.weight = weight;
-    lp.weight_scales = w.scales[which];
+    if (w.block_k[which] > 0) {  // fp8x16 block-wise scales (linear.h)
+      lp.weight_block_scales = w.scales[which];
+      lp.weight_block_k = w.block_k[which];
+    } else {
+      lp.weight_scales = w.scales[which];
+    }
     lp.bias = bias;
     lp.M = T;
     lp.N = N;

@@ -56,6 +56,8 @@ struct DecoderLayerWeights {
   const void* down = nullptr;        // [E, I]
   std::optional<WeightFormat> format[kNumStackLinears];  // unset: dense_weight_format(dtype)
   const float* scales[kNumStackLinears] = {};           // [N] fp32 for int8 per channel and fp8, else nullptr
+  // fp8x16 with block-wise scales: inputs per scale block, `scales` then fp32 [N/16][ceil(K / block_k)]; 0: none
+  int64_t block_k[kNumStackLinears] = {};
   // [K] int64 or nullptr: an act-order GPTQ layer multiplies x[:, input_perm] (its inputs sorted by group
   // at load, loader/int4_checkpoint.py); the stack gathers them before the kernel (LoRA terms read x as is).
   const int64_t* input_perm[kNumStackLinears] = {};

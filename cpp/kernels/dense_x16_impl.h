@@ -32,6 +32,7 @@
 // GFLOP/s and bf16 700-790 -> 850-950 (bench_linear.py --library, 2026-12-04).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -60,8 +61,10 @@ constexpr int x16_rows() {
   return kMode == kX16Bf16Widen && V::kRegs < 32 ? 5 : kX16Rows;
 }
 
-// dst[i * ds + c] = x[m + i] . W[16 g0 + c] for i < MR, c < 16 NG (raw sums).
-template <int MR, int NG, int kMode>
+// dst[i * ds + c] = x[m + i] . W[16 g0 + c] for i < MR, c < 16 NG (raw sums). kBlockScaled (fp8 with
+// block-wise scales, a.block_scales): K in blocks of a.block_k, each block's sums times its scale
+// block_scales[g][kb] as it ends and added into dst in kb order (dst holds the scaled sums, not raw ones).
+template <int MR, int NG, int kMode, bool kBlockScaled = false>
 inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst, int64_t ds) {
   constexpr int NV = NG * kX16VecsPerGroup;
   const int64_t K = a.K;
@@ -69,151 +72,178 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
   R acc[MR * NV];
 #pragma GCC unroll 32
   for (int q = 0; q < MR * NV; ++q) acc[q] = V::zero();
+  if constexpr (kBlockScaled) {
+    if (K == 0) {
+      for (int i = 0; i < MR; ++i)
+        for (int q = 0; q < NV; ++q) V::store(dst + i * ds + q * W, V::zero());
+      return;
+    }
+  }
+  // One pass over all of K, or (kBlockScaled) one per scale block.
+  const int64_t k_step = kBlockScaled ? a.block_k : K;
+  for (int64_t k_lo = 0, kb = 0; k_lo < K || (!kBlockScaled && kb == 0); k_lo += k_step, ++kb) {
+    const int64_t k_hi = kBlockScaled ? std::min(K, k_lo + k_step) : K;
 
-  if constexpr (kMode == kX16F32 || kMode == kX16F16Widen || kMode == kX16Fp8Widen) {
-    using WeightT = std::conditional_t<kMode == kX16F32, float,
-                                       std::conditional_t<kMode == kX16F16Widen, uint16_t, uint8_t>>;
-    const WeightT* w = static_cast<const WeightT*>(a.w) + g0 * group_elems;  // [NG][K][16]
-    const float* xr[MR];
-    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
-    for (int64_t k = 0; k < K; ++k) {
-      R wv[NV];  // the panel's NV column vectors at k, loaded first: then one broadcast is live at a time
-#pragma GCC unroll 8
-      for (int q = 0; q < NV; ++q) {
-        const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
-        const WeightT* at = w + g * group_elems + k * kX16Cols + v * W;
-        if constexpr (kMode == kX16Fp8Widen) {
-          // A group's stream moves 16 bytes a k (a line every 4), too slowly for the hardware prefetcher to
-          // stay ahead with few rows: fetch 4 KB ahead (Zen 4, M = 1, gate_up 3072 x 576 from DRAM: 91 -> 79 us,
-          // a decode token of the fp8 default model 8.8 -> 7.2-8.3 ms; bench/RESULTS.md 2026-12-05 17:41).
-          if ((k & 3) == 0 && v == 0) __builtin_prefetch(at + 4096, 0, 1);
-        }
-        if constexpr (kMode == kX16F32) wv[q] = V::load(at);
-        else if constexpr (kMode == kX16F16Widen) wv[q] = V::load_f16(at);
-        else wv[q] = V::load_e4m3_low(at);
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const R xb = V::set1(xr[i][k]);
-#pragma GCC unroll 8
-        for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(xb, wv[q], acc[i * NV + q]);
-      }
-    }
-  } else if constexpr (kMode == kX16Bf16Widen) {
-    const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
-    const float* xr[MR];
-    for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
-    for (int64_t k = 0; k < K; k += 2) {
-      R we[NV], wo[NV];  // columns of each vector at k (even) and k + 1 (odd)
-#pragma GCC unroll 8
-      for (int q = 0; q < NV; ++q) {
-        const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
-        V::load_bf16_pairs(w + g * group_elems + k * kX16Cols + v * 2 * W, we[q], wo[q]);
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const R x0 = V::set1(xr[i][k]);
-#pragma GCC unroll 8
-        for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(x0, we[q], acc[i * NV + q]);
-        const R x1 = V::set1(xr[i][k + 1]);
-#pragma GCC unroll 8
-        for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(x1, wo[q], acc[i * NV + q]);
-      }
-    }
-  } else if constexpr (kMode == kX16Fp8Dot) {
-    if constexpr (V::kHasFp8Bf16Quad && kX16VecsPerGroup == 1) {  // (16-lane traits only)
-      const uint8_t* w = static_cast<const uint8_t*>(a.w) + g0 * group_elems;  // [NG][K][16] e4m3 bytes
-      const uint16_t* xr[MR];
-      for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
-      for (int64_t k = 0; k < K; k += 4) {  // (K % 4 == 0: the launcher's condition for this mode)
-        typename V::RI w01[NV], w23[NV];  // column vector q's pairs (k, k+1) and (k+2, k+3)
-#pragma GCC unroll 8
-        for (int q = 0; q < NV; ++q) {
-          const uint8_t* at = w + q * group_elems + k * kX16Cols;
-          // The same k of the next panel (the groups after these, next in memory): a group is only K x 16
-          // bytes, so each panel's streams would start cold (Zen 4, M = 1 from DRAM, bf16 x: gate_up 3072 x 576
-          // 65 -> 54 us, qkv 960 x 576 22 -> 20 us; fetching 4 KB ahead in the stream instead, as kX16Fp8Widen
-          // does, left them there).
-          __builtin_prefetch(at + NV * group_elems, 0, 1);
-          V::load_e4m3_bf16_quad(at, w01[q], w23[q]);
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-          const auto x01 = V::broadcast_pair(xr[i] + k);
-#pragma GCC unroll 8
-          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x01, w01[q]);
-          const auto x23 = V::broadcast_pair(xr[i] + k + 2);
-#pragma GCC unroll 8
-          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x23, w23[q]);
-        }
-      }
-    }
-  } else {
-    if constexpr (V::kHasDotBf16) {
-      const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
-      const uint16_t* xr[MR];
-      for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
-      for (int64_t k = 0; k < K; k += 2) {
-        typename V::RI wv[NV];
+    if constexpr (kMode == kX16F32 || kMode == kX16F16Widen || kMode == kX16Fp8Widen) {
+      using WeightT = std::conditional_t<kMode == kX16F32, float,
+                                         std::conditional_t<kMode == kX16F16Widen, uint16_t, uint8_t>>;
+      const WeightT* w = static_cast<const WeightT*>(a.w) + g0 * group_elems;  // [NG][K][16]
+      const float* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+      for (int64_t k = k_lo; k < k_hi; ++k) {
+        R wv[NV];  // the panel's NV column vectors at k, loaded first: then one broadcast is live at a time
 #pragma GCC unroll 8
         for (int q = 0; q < NV; ++q) {
           const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
-          wv[q] = V::load_i(w + g * group_elems + k * kX16Cols + v * 2 * W);
+          const WeightT* at = w + g * group_elems + k * kX16Cols + v * W;
+          if constexpr (kMode == kX16Fp8Widen) {
+            // A group's stream moves 16 bytes a k (a line every 4), too slowly for the hardware prefetcher to
+            // stay ahead with few rows: fetch 4 KB ahead (Zen 4, M = 1, gate_up 3072 x 576 from DRAM: 91 -> 79 us,
+            // a decode token of the fp8 default model 8.8 -> 7.2-8.3 ms; bench/RESULTS.md 2026-12-05 17:41).
+            if ((k & 3) == 0 && v == 0) __builtin_prefetch(at + 4096, 0, 1);
+          }
+          if constexpr (kMode == kX16F32) wv[q] = V::load(at);
+          else if constexpr (kMode == kX16F16Widen) wv[q] = V::load_f16(at);
+          else wv[q] = V::load_e4m3_low(at);
         }
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
-          const auto xb = V::broadcast_pair(xr[i] + k);
+          const R xb = V::set1(xr[i][k]);
 #pragma GCC unroll 8
-          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], xb, wv[q]);
+          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(xb, wv[q], acc[i * NV + q]);
+        }
+      }
+    } else if constexpr (kMode == kX16Bf16Widen) {
+      const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
+      const float* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = a.x32 + (m + i) * a.x_stride;
+      for (int64_t k = k_lo; k < k_hi; k += 2) {
+        R we[NV], wo[NV];  // columns of each vector at k (even) and k + 1 (odd)
+#pragma GCC unroll 8
+        for (int q = 0; q < NV; ++q) {
+          const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
+          V::load_bf16_pairs(w + g * group_elems + k * kX16Cols + v * 2 * W, we[q], wo[q]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const R x0 = V::set1(xr[i][k]);
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(x0, we[q], acc[i * NV + q]);
+          const R x1 = V::set1(xr[i][k + 1]);
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::fmadd(x1, wo[q], acc[i * NV + q]);
+        }
+      }
+    } else if constexpr (kMode == kX16Fp8Dot) {
+      if constexpr (V::kHasFp8Bf16Quad && kX16VecsPerGroup == 1) {  // (16-lane traits only)
+        const uint8_t* w = static_cast<const uint8_t*>(a.w) + g0 * group_elems;  // [NG][K][16] e4m3 bytes
+        const uint16_t* xr[MR];
+        for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
+        for (int64_t k = k_lo; k < k_hi; k += 4) {  // (K % 4 == 0: the launcher's condition for this mode)
+          typename V::RI w01[NV], w23[NV];  // column vector q's pairs (k, k+1) and (k+2, k+3)
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) {
+            const uint8_t* at = w + q * group_elems + k * kX16Cols;
+            // The same k of the next panel (the groups after these, next in memory): a group is only K x 16
+            // bytes, so each panel's streams would start cold (Zen 4, M = 1 from DRAM, bf16 x: gate_up 3072 x 576
+            // 65 -> 54 us, qkv 960 x 576 22 -> 20 us; fetching 4 KB ahead in the stream instead, as kX16Fp8Widen
+            // does, left them there).
+            __builtin_prefetch(at + NV * group_elems, 0, 1);
+            V::load_e4m3_bf16_quad(at, w01[q], w23[q]);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const auto x01 = V::broadcast_pair(xr[i] + k);
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x01, w01[q]);
+            const auto x23 = V::broadcast_pair(xr[i] + k + 2);
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], x23, w23[q]);
+          }
+        }
+      }
+    } else {
+      if constexpr (V::kHasDotBf16) {
+        const uint16_t* w = static_cast<const uint16_t*>(a.w) + g0 * group_elems;  // [NG][K/2][16][2]
+        const uint16_t* xr[MR];
+        for (int i = 0; i < MR; ++i) xr[i] = a.x16 + (m + i) * a.x_stride;
+        for (int64_t k = k_lo; k < k_hi; k += 2) {
+          typename V::RI wv[NV];
+#pragma GCC unroll 8
+          for (int q = 0; q < NV; ++q) {
+            const int g = q / kX16VecsPerGroup, v = q % kX16VecsPerGroup;
+            wv[q] = V::load_i(w + g * group_elems + k * kX16Cols + v * 2 * W);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const auto xb = V::broadcast_pair(xr[i] + k);
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; ++q) acc[i * NV + q] = V::dot_bf16(acc[i * NV + q], xb, wv[q]);
+          }
         }
       }
     }
-  }
-  if constexpr (kMode == kX16Fp8Widen) {
+    if constexpr (kBlockScaled) {  // this block's sums times its scale (one per 16-column group), into dst
+      constexpr float kWiden = kMode == kX16Fp8Widen ? 256.f : 1.f;  // (load_e4m3_low's 2^-8)
+#pragma GCC unroll 8
+      for (int q = 0; q < NV; ++q) {
+        const R scale = V::set1(a.block_scales[(g0 + q / kX16VecsPerGroup) * a.k_blocks + kb] * kWiden);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          float* out = dst + i * ds + q * W;
+          V::store(out, kb == 0 ? V::mul(acc[i * NV + q], scale) : V::fmadd(acc[i * NV + q], scale, V::load(out)));
+          acc[i * NV + q] = V::zero();
+        }
+      }
+    }
+  }  // (the pass over K, or its blocks)
+  if constexpr (!kBlockScaled) {
+    if constexpr (kMode == kX16Fp8Widen) {
 #pragma GCC unroll 32
-    for (int q = 0; q < MR * NV; ++q) acc[q] = V::mul(acc[q], V::set1(256.f));  // (load_e4m3_low's 2^-8)
+      for (int q = 0; q < MR * NV; ++q) acc[q] = V::mul(acc[q], V::set1(256.f));  // (load_e4m3_low's 2^-8)
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int q = 0; q < NV; ++q) V::store(dst + i * ds + q * W, acc[i * NV + q]);
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-    for (int q = 0; q < NV; ++q) V::store(dst + i * ds + q * W, acc[i * NV + q]);
 }
 
 // The last MR_LEFT (< x16_rows) rows of a column panel, one tile of exactly that many rows.
-template <int NG, int kMode, int kRest = x16_rows<kMode>() - 1>
+template <int NG, int kMode, bool kBS, int kRest = x16_rows<kMode>() - 1>
 inline void x16_rest(const LinearBlockArgs& a, int64_t m, int64_t rest, int64_t g, float* dst, int64_t ds) {
   if constexpr (kRest >= 1) {
-    if (rest == kRest) x16_tile<kRest, NG, kMode>(a, m, g, dst, ds);
-    else x16_rest<NG, kMode, kRest - 1>(a, m, rest, g, dst, ds);
+    if (rest == kRest) x16_tile<kRest, NG, kMode, kBS>(a, m, g, dst, ds);
+    else x16_rest<NG, kMode, kBS, kRest - 1>(a, m, rest, g, dst, ds);
   }
 }
 
 // Rows [m_begin, m_end) against the NG groups at g: the weight panel stays in cache across row tiles.
-template <int NG, int kMode>
+template <int NG, int kMode, bool kBS>
 inline void x16_panel(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t g, float* dst,
                       int64_t ds) {
   int64_t m = m_begin;
   constexpr int MR = x16_rows<kMode>();
-  for (; m + MR <= m_end; m += MR) x16_tile<MR, NG, kMode>(a, m, g, dst + (m - m_begin) * ds, ds);
-  if (m < m_end) x16_rest<NG, kMode>(a, m, m_end - m, g, dst + (m - m_begin) * ds, ds);
+  for (; m + MR <= m_end; m += MR) x16_tile<MR, NG, kMode, kBS>(a, m, g, dst + (m - m_begin) * ds, ds);
+  if (m < m_end) x16_rest<NG, kMode, kBS>(a, m, m_end - m, g, dst + (m - m_begin) * ds, ds);
 }
 
 // A LinearBlockFn over an x16 layout; n_begin and n_end are multiples of 16 (the launcher's tasks).
-template <int kMode>
+template <int kMode, bool kBS = false>
 void x16_block(const LinearBlockArgs& a, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end,
                float* dst, int64_t ds) {
   int64_t g = n_begin / kX16Cols;
   const int64_t g_end = n_end / kX16Cols;
   for (; g + kX16Groups <= g_end; g += kX16Groups)
-    x16_panel<kX16Groups, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+    x16_panel<kX16Groups, kMode, kBS>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
   if constexpr (kX16Groups > 2) {
     if (g + 2 <= g_end) {
-      x16_panel<2, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+      x16_panel<2, kMode, kBS>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
       g += 2;
     }
   }
   if constexpr (kX16Groups > 1) {
-    if (g < g_end) x16_panel<1, kMode>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
+    if (g < g_end) x16_panel<1, kMode, kBS>(a, m_begin, m_end, g, dst + (g * kX16Cols - n_begin), ds);
   }
 }
 
@@ -231,11 +261,13 @@ void block_f16x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, 
 }
 void block_fp8x16(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                   int64_t ds) {
-  x16_block<kX16Fp8Widen>(a, m0, m1, n0, n1, dst, ds);
+  if (a.block_scales) x16_block<kX16Fp8Widen, true>(a, m0, m1, n0, n1, dst, ds);
+  else x16_block<kX16Fp8Widen>(a, m0, m1, n0, n1, dst, ds);
 }
 void block_fp8x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                       int64_t ds) {
-  x16_block<kX16Fp8Dot>(a, m0, m1, n0, n1, dst, ds);
+  if (a.block_scales) x16_block<kX16Fp8Dot, true>(a, m0, m1, n0, n1, dst, ds);
+  else x16_block<kX16Fp8Dot>(a, m0, m1, n0, n1, dst, ds);
 }
 void block_bf16x16_dot(const LinearBlockArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* dst,
                        int64_t ds) {

@@ -59,6 +59,11 @@ bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
+// Entries of an fp8x16 layer's block-scale table: [N/16][ceil(K / weight_block_k)].
+int64_t block_scale_count(const LinearParams& p) {
+  return p.N / kX16Cols * ((p.K + p.weight_block_k - 1) / p.weight_block_k);
+}
+
 Status check(const LinearParams& p, int64_t out_cols) {
   if (p.M < 0 || p.N < 0 || p.K < 0) return Status::invalid("linear: negative size");
   if (!valid(p.x_dtype) || !valid(p.out_dtype) || !valid(p.bias_dtype))
@@ -78,7 +83,13 @@ Status check(const LinearParams& p, int64_t out_cols) {
   if (p.weight_format == WeightFormat::kDenseBf16x16 && p.K % 2 != 0)
     return Status::invalid("linear: bf16x16 weights hold pairs along K; K = " + str(p.K) +
                            " is odd; keep the checkpoint layout");
-  if (is_fp8_format(p.weight_format) && !p.weight_scales)
+  if (p.weight_block_scales && p.weight_format != WeightFormat::kDenseFp8E4M3x16)
+    return Status::invalid("linear: block-wise weight scales go with fp8_e4m3x16 weights only, not " +
+                           std::string(weight_format_name(p.weight_format)) + "; repack the fp8 rows (x16)");
+  if (p.weight_block_scales && (p.weight_block_k <= 0 || p.weight_block_k % 4 != 0))
+    return Status::invalid("linear: weight_block_k " + str(p.weight_block_k) +
+                           " must be a positive multiple of 4 (inputs per scale block)");
+  if (is_fp8_format(p.weight_format) && !p.weight_scales && !p.weight_block_scales)
     return Status::invalid("linear: " + std::string(weight_format_name(p.weight_format)) +
                            " weights need weight_scales (fp32 [N], one per weight row); got a null pointer");
   if (p.M == 0 || out_cols == 0) return Status::ok();
@@ -93,9 +104,12 @@ Status check(const LinearParams& p, int64_t out_cols) {
   const int64_t x_bytes = p.K > 0 ? ((p.M - 1) * p.x_stride + p.K) * elem_size(p.x_dtype) : 0;
   const int64_t w_bytes = p.N * weight_row_bytes(p.weight_format, p.K);
   const int64_t b_bytes = p.bias ? p.N * elem_size(p.bias_dtype) : 0;
-  const int64_t s_bytes = is_fp8_format(p.weight_format) ? p.N * 4 : 0;  // (other formats ignore the scales)
+  // (other formats ignore the scales)
+  const int64_t s_bytes = is_fp8_format(p.weight_format) && !p.weight_block_scales ? p.N * 4 : 0;
+  const int64_t bs_bytes = p.weight_block_scales ? block_scale_count(p) * 4 : 0;
   if (overlaps(p.out, out_bytes, p.x, x_bytes) || overlaps(p.out, out_bytes, p.weight, w_bytes) ||
-      overlaps(p.out, out_bytes, p.bias, b_bytes) || overlaps(p.out, out_bytes, p.weight_scales, s_bytes))
+      overlaps(p.out, out_bytes, p.bias, b_bytes) || overlaps(p.out, out_bytes, p.weight_scales, s_bytes) ||
+      overlaps(p.out, out_bytes, p.weight_block_scales, bs_bytes))
     return Status::invalid("linear: out overlaps x, weight, bias or weight_scales; write to a new tensor");
   return Status::ok();
 }
@@ -353,7 +367,14 @@ Status linear(const LinearParams& p, Isa isa) {
   plan.m_chunk = m_chunk;
   plan.n_tasks = (out_cols + n_chunk - 1) / n_chunk;
   plan.m_tasks = (p.M + m_chunk - 1) / m_chunk;
-  plan.scales = is_fp8_format(p.weight_format) ? static_cast<const float*>(p.weight_scales) : nullptr;
+  // Block-wise scales are applied inside the kernel, per k-block; per-row scales by the epilogue.
+  plan.scales = is_fp8_format(p.weight_format) && !p.weight_block_scales
+                    ? static_cast<const float*>(p.weight_scales) : nullptr;
+  if (p.weight_block_scales) {
+    plan.args.block_scales = p.weight_block_scales;
+    plan.args.block_k = p.weight_block_k;
+    plan.args.k_blocks = (p.K + p.weight_block_k - 1) / p.weight_block_k;
+  }
   plan.direct = p.out_dtype == DType::kFloat32 && !p.bias && !silu && !plan.scales;
   plan.sums_stride = n_chunk;
   plan.sums_per_thread = std::min(m_chunk, p.M) * n_chunk * (silu ? 2 : 1);

@@ -62,6 +62,11 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 //   +-480.
 //   kDenseFp8E4M3:    N contiguous rows of K bytes (the checkpoint layout).
 //   kDenseFp8E4M3x16: bytes [N/16][K][16] (kDenseF32x16's layout at a byte per weight; N a multiple of 16).
+//   Block-wise scales (DeepSeek / Qwen3 FP8 checkpoints: one scale per 128 x 128 block), x16 only: with
+//   LinearParams.weight_block_scales set (weight_scales then unused), fp32 [N/16][KB] with KB = ceil(K / block_k)
+//   (the checkpoint's [ceil(N/bn)][KB] table repeated for each 16-row group of a block: bn % 16 == 0),
+//     out[m, n] = sum over kb of block_scales[n / 16][kb] * (x[m, kb block] . fp8_to_float(W[n, kb block]))
+//   each k-block's raw sum (kDenseF32x16's order inside the block) times its scale, added in kb order.
 enum class WeightFormat : int32_t {
   kDenseF32 = 0,
   kDenseBf16 = 1,
@@ -106,6 +111,9 @@ struct LinearParams {
   const void* weight = nullptr;  // [N, K] as weight_format stores it (dense: contiguous rows of K)
   const void* bias = nullptr;    // [N] or nullptr, bias_dtype
   const void* weight_scales = nullptr;  // [N] fp32 per-row scales (int8 per channel, fp8), else nullptr
+  // fp8x16 with block-wise scales: fp32 [N/16][ceil(K / weight_block_k)] (see the formats above), else nullptr
+  const float* weight_block_scales = nullptr;
+  int64_t weight_block_k = 0;    // inputs per scale block (a multiple of 4) with weight_block_scales
   int64_t M = 0;                 // rows of x (tokens)
   int64_t N = 0;                 // rows of weight (output features; kSiluMul: 2 x outputs)
   int64_t K = 0;                 // input features

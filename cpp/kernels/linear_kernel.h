@@ -36,6 +36,10 @@ struct LinearBlockArgs {
   // Loop order of a block: weight tiles outer, rows of x inner (few rows: the weights stream once
   // from memory in long runs), or rows outer (many rows: the block's weights stay in L2).
   bool n_outer = false;
+  // fp8x16 with block-wise scales (linear.h): fp32 [N/16][k_blocks], block_k inputs per block; else nullptr
+  const float* block_scales = nullptr;
+  int64_t block_k = 0;
+  int64_t k_blocks = 0;
 };
 
 // dst[(m - m_begin) * dst_stride + (n - n_begin)] = x[m] . W[n] for m in [m_begin, m_end),

@@ -253,9 +253,12 @@ class WeightFormat(enum.Enum):
 class LinearHandle:
     """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)
     or 1 (SiLU-and-multiply of gate rows then up rows), isa an index of kernel_isa_names() or -1 (active);
-    weight_scales: fp32 [N] per-row scales of an INT8_PER_CHANNEL or FP8_E4M3 weight (0 otherwise)."""
+    weight_scales: fp32 [N] per-row scales of an INT8_PER_CHANNEL or FP8_E4M3 weight (0 otherwise);
+    weight_block_scales: fp32 [N / 16, ceil(K / weight_block_k)] block-wise scales of an FP8_E4M3X16 weight (0:
+    none; weight_scales then unused)."""
     def __init__(self, *, weight: int, bias: int, N: int, K: int, x_dtype: int, weight_format: WeightFormat,
-                 bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1, weight_scales: int = 0) -> None: ...
+                 bias_dtype: int, out_dtype: int, epilogue: int, isa: int = -1, weight_scales: int = 0,
+                 weight_block_scales: int = 0, weight_block_k: int = 0) -> None: ...
     def __call__(self, out: int, x: int, M: int, x_stride: int, out_stride: int) -> None:
         """out[M, :] = epilogue(x[M, K] . W^T + bias) (raw pointers; checked by the caller)."""
 def set_linear_tuning(n_chunk: int = 0, m_chunk: int = 0) -> None: ...

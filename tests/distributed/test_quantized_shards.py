@@ -144,6 +144,29 @@ def test_dense_quantized_at_load_tp2_matches_one_process(tmp_path, quantization)
     assert all(0 < b < one_process for b in ranks)
 
 
+@pytest.mark.timeout(300)
+def test_block_scaled_fp8_tp2_matches_one_process(tmp_path):
+    """An FP8_BLOCK checkpoint (32 x 64 scale blocks): each rank keeps its rows' groups of scales and o_proj /
+    down_proj's k-blocks of its inputs (cut at 64 and 128: block edges); weight-only, so the dense bound holds."""
+    from ..quantization.fp8_checkpoints import write_fp8_folder
+
+    folder, _ = write_fp8_folder(tmp_path / "fp8", "ct-fp8-block", "llama")
+    check_shardable(folder, "auto", None, tp_size=2)
+    results, reference = compare_tp2(folder, "auto", None, "exact")
+    total, one_process, ranks = split_bytes(results, reference, "fp8_e4m3")
+    assert total == one_process and all(0 < b < one_process for b in ranks)  # (row-parallel: scales split too)
+
+
+def test_block_scaled_fp8_cut_inside_a_block_is_refused(tmp_path):
+    """128-input scale blocks (DeepSeek / Qwen3 FP8): the tiny model's o_proj (128 inputs) halved falls inside one."""
+    from ..quantization.fp8_checkpoints import write_fp8_folder
+
+    folder, _ = write_fp8_folder(tmp_path / "fp8", "fp8-block", "llama")
+    with pytest.raises(ValueError, match=r"self_attn\.o_proj\.weight \(fp8 scale blocks of 128 inputs\) would be "
+                                         r"cut at inputs \[0, 64\).*--tensor-parallel-size in \[1\]"):
+        check_shardable(folder, "auto", None, tp_size=2)
+
+
 def test_grouped_int_cuts_hold_the_one_process_blocks():
     """GroupedIntWeight.narrow: a row cut's blocks are those rows' blocks; an input cut on whole blocks is those
     blocks of every row (byte for byte); act order keeps the range's inputs in their sorted order and dequantises

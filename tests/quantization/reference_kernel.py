@@ -36,8 +36,9 @@ def quantize_activations(x: torch.Tensor, block: int | None) -> torch.Tensor:
 
 
 def dequantize_weight(weight: torch.Tensor, weight_format: str, K: int,
-                      scales: torch.Tensor | None = None) -> torch.Tensor:
-    """[N, row_bytes] blocks (or int8 [N, K] + scales [N]) -> fp64 [N, K]."""
+                      scales: torch.Tensor | None = None, block_k: int | None = None) -> torch.Tensor:
+    """[N, row_bytes] blocks (or int8 / fp8 [N, K] + scales [N]; fp8 with block_k: scales [N / 16, KB]) -> fp64
+    [N, K]."""
     if weight_format.endswith("x16"):  # repacked 16-row groups: the file's rows again, then as below
         from pagedcore.ops.quant_repack import unpack_x16
 
@@ -45,16 +46,21 @@ def dequantize_weight(weight: torch.Tensor, weight_format: str, K: int,
     if weight_format == "int8_per_channel":
         return weight.double() * scales.double()[:, None]
     if weight_format == "fp8_e4m3":  # uint8 [N, K] e4m3 codes
-        return weight.view(torch.float8_e4m3fn).double() * scales.double()[:, None]
+        values = weight.view(torch.float8_e4m3fn).double()
+        if block_k is not None:  # each weight times its 16-row group's scale of its k-block
+            groups = torch.arange(weight.shape[0]) // 16
+            blocks = torch.arange(K) // block_k
+            return values * scales.double()[groups][:, blocks]
+        return values * scales.double()[:, None]
     values = gguf_quants.dequantize(np.ascontiguousarray(weight.numpy()), FORMATS[weight_format])
     return torch.from_numpy(values.reshape(weight.shape[0], K)).double()
 
 
 class ReferenceQuantLinear:
     def __init__(self, weight, weight_format, K, bias=None, *, scales=None, silu_mul=False,
-                 x_dtype=torch.float32, out_dtype=None, isa="auto"):
+                 x_dtype=torch.float32, out_dtype=None, isa="auto", block_k=None):
         self.weight = weight
-        self.w = dequantize_weight(weight, weight_format, K, scales)  # fp64 [N, K]
+        self.w = dequantize_weight(weight, weight_format, K, scales, block_k)  # fp64 [N, K]
         self.bias = None if bias is None else bias.double()
         self.block = activation_block(weight_format, K)
         self.silu_mul = silu_mul

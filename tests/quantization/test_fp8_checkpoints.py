@@ -33,6 +33,9 @@ def test_schemes_read_from_the_config():
                                                                                               False)
     assert compressed_tensors_scheme(quantization_config("ct-fp8-static"), "c") == Fp8Scheme("compressed-tensors",
                                                                                              True)
+    assert prequantized_scheme(quantization_config("fp8-block"), "c") == Fp8Scheme("fp8", False, (128, 128))
+    assert compressed_tensors_scheme(quantization_config("ct-fp8-block"), "c") == Fp8Scheme("compressed-tensors",
+                                                                                            False, (32, 64))
 
 
 def _ct(**weights) -> dict:
@@ -42,11 +45,12 @@ def _ct(**weights) -> dict:
 
 
 @pytest.mark.parametrize("config, match", [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise scales.*--quantization fp8"),
+    ({"quant_method": "fp8", "weight_block_size": [100, 128]}, "blocks whose rows are a multiple of 16"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, r"block size \[128\]; expected \[rows, inputs\]"),
     ({"quant_method": "fp8", "fmt": "e5m2"}, "format 'e5m2'.*e4m3"),
     ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, "kv-cache scales.*--kv-cache-dtype"),
     ({"quant_method": "fp8", "activation_scheme": "per-head"}, "activation_scheme 'per-head'"),
-    (_ct(strategy="block", block_structure=[128, 128]), "'block' scales.*FP8_DYNAMIC"),
+    (_ct(strategy="block", block_structure=[128, 6]), "inputs a multiple of 4"),
     (_ct(strategy="group", group_size=128), "'group' scales"),
     (_ct(num_bits=4), "float-quantized weights of type float and 4 bits"),
     (_ct(symmetric=False), "asymmetric fp8"),
@@ -87,6 +91,30 @@ def test_a_tensor_parallel_cut_keeps_the_bytes_and_scales():
         weight.narrow(2, 0, 1)
 
 
+def test_block_scales_are_held_per_16_rows_and_cut_on_blocks():
+    """A [ceil(N / bn), ceil(K / bk)] table (last blocks partial) becomes one scale per 16-row group and k-block; the
+    dequantised values are the format's definition; a tensor-parallel cut keeps its groups' and blocks' scales."""
+    from .fp8_checkpoints import BLOCK_SIZES
+
+    w = torch.randn(96, 200, generator=torch.Generator().manual_seed(3))
+    block = BLOCK_SIZES["ct-fp8-block"]  # 32 x 64: 3 x 4 blocks, the last column of blocks 8 wide
+    q, table = quantize(w, "block", torch.bfloat16, block)
+    weight = Fp8Weight("l", q, table, block)
+    codes, scales = weight.fp8_rows()
+    assert torch.equal(codes, q.view(torch.uint8)) and weight.block_k == 64
+    assert scales.shape == (6, 4) and torch.equal(scales, table.float().repeat_interleave(2, 0))
+    assert torch.equal(weight.dequantized(), dequantized(q, table, block).float())
+    rows, cols = weight.narrow(0, 32, 48), weight.narrow(1, 128, 72)  # rows on groups; inputs from a block edge
+    assert torch.equal(rows.dequantized(), weight.dequantized()[32:80]) and rows.fp8_rows()[1].shape == (3, 4)
+    assert torch.equal(cols.dequantized(), weight.dequantized()[:, 128:]) and cols.fp8_rows()[1].shape == (6, 2)
+    with pytest.raises(ValueError, match="cut on 64-input boundaries"):
+        weight.narrow(1, 32, 64)
+    with pytest.raises(ModelLoadError, match=r"block-wise weight scales \(2, 4\) do not fit"):
+        Fp8Weight("l", q, table[:2], block)
+    with pytest.raises(ModelLoadError, match="90 output rows"):
+        Fp8Weight("l", q[:90], table, block)
+
+
 def test_the_stream_pairs_weights_with_scales_and_drops_input_scales():
     q, scales = quantize(torch.randn(16, 32), "tensor", torch.float32)
     tensors = layer_tensors(q, scales, "fp8-static")
@@ -99,7 +127,7 @@ def test_the_stream_pairs_weights_with_scales_and_drops_input_scales():
     with pytest.raises(ModelLoadError, match="a has \\['weight'\\] but not \\['weight_scale'\\]"):
         list(fp8_weights(iter(stream[:2]), Fp8Scheme("fp8", True), "m"))
     for extra, match in ((("a.k_scale", torch.ones(())), "kv-cache scales"),
-                         (("a.weight_scale_inv", torch.ones(1, 1)), "block-wise fp8 scales")):
+                         (("a.weight_scale_inv", torch.ones(1, 1)), r"a has \['weight_scale'\] but not \['weight'\]")):
         with pytest.raises(ModelLoadError, match=match):
             list(fp8_weights(iter([*stream, extra]), Fp8Scheme("fp8", True), "m"))
 
@@ -138,7 +166,7 @@ def test_checkpoints_stay_fp8_and_equal_the_oracle(folders, monkeypatch, name):
     assert_same_as_oracle(folder, monkeypatch, {"fp8_e4m3"})
 
 
-@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-static", "ct-fp8-static"])
+@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-static", "ct-fp8-static", "fp8-block", "ct-fp8-block"])
 def test_greedy_equals_hf_transformers_on_the_dequantised_weights(folders, name):
     folder, dense = folders[name]
     model = load_model(folder, load_tokenizer=False).model
@@ -199,7 +227,7 @@ def test_a_checkpoint_method_other_than_the_flag_is_refused(folders):
         load_model(folder, quantization="fp8", load_tokenizer=False)
 
 
-@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-dynamic"])
+@pytest.mark.parametrize("name", ["ct-fp8-dynamic", "fp8-dynamic", "fp8-block"])
 def test_bfloat16_activations_keep_the_fp8_layers_and_stay_close_to_hf(folders, name):
     """--dtype bfloat16: each layer keeps the same e4m3 bytes and scales as under fp32 and multiplies bf16 x (the
     bf16 pair dot where the CPU has it: exact bf16 weights); the ignored lm_head is a dense bf16 layer, the table

@@ -1,5 +1,5 @@
-"""The C++ decoder stack on quantized layers (GGUF blocks as stored, int8 per channel, GPTQ / AWQ) against the
-Python layer loop it stands in for: both call the same quantized kernels with the same activations,
+"""The C++ decoder stack on quantized layers (GGUF blocks as stored, int8 per channel, GPTQ / AWQ, block-scaled fp8)
+against the Python layer loop it stands in for: both call the same quantized kernels with the same activations,
 so a step's hidden states, residual and every cache slot are equal bit for bit (decode, a mixed
 step with padding, one token, and a step past the dense stack's row limit). A layer that mixes
 formats inside one fused linear, or holds a float tensor of the file, makes the stack decline,
@@ -45,6 +45,13 @@ def _int8_model(tmp_path):
     return load_model(str(folder), quantization="int8_per_channel", load_tokenizer=False).model
 
 
+def _fp8_block_model(tmp_path):
+    from .fp8_checkpoints import write_fp8_folder
+
+    folder, _ = write_fp8_folder(tmp_path / "fp8", "ct-fp8-block", "llama")  # 32 x 64 scale blocks
+    return load_model(folder, load_tokenizer=False).model
+
+
 def _int4_model(tmp_path, method, **kwargs):
     folder, _ = write_gptq_awq_folder(tmp_path / method, method, **kwargs)
     return load_model(folder, load_tokenizer=False).model
@@ -59,10 +66,13 @@ MODELS = {
     # act-order GPTQ: every linear gathers its inputs (x[:, input_perm]) before the kernel, in both paths
     "gptq-act-order": lambda tmp: _int4_model(tmp, "gptq", group_size=32, sym=False, act_order=True),
     "awq-qwen2": lambda tmp: _int4_model(tmp, "awq", kind="qwen2", group_size=64),
+    # block-scaled fp8 has only the x16 kernel: it repacks whatever PAGEDCORE_QUANT_REPACK says
+    "fp8-block": _fp8_block_model,
 }
+ALWAYS_REPACKED = {"fp8-block"}
 FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "qwen2-q8_0-bias": ["q8_0"],
            "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"],
-           "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"]}
+           "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"], "fp8-block": ["fp8_e4m3"]}
 
 
 @pytest.mark.parametrize("repack", ["repacked", "file_layout"])
@@ -74,8 +84,8 @@ def test_quantized_stack_equals_the_layer_loop(tmp_path, monkeypatch, name, repa
     assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
     stack = model.model._decoder_stack()
     # On CPUs with the 16-row kernels the 32-weight formats run repacked (ops/quant_repack.py).
-    assert stack.formats == sorted((repackable(fmt, 64) if repack == "repacked" else None) or fmt
-                                   for fmt in FORMATS[name])
+    repacked = repack == "repacked" or name in ALWAYS_REPACKED
+    assert stack.formats == sorted((repackable(fmt, 64) if repacked else None) or fmt for fmt in FORMATS[name])
     assert stack.max_rows == QUANT_STACK_MAX_ROWS > max_rows(torch.float32)  # no GEMM hand-off to match
     driver = PagedDriver(model, seed=5)  # shuffled free list: scattered, out-of-order blocks
     for seq_id, length in _PROMPT_LENS.items():

@@ -7,6 +7,7 @@ some of its input columns) can only be cut on block boundaries:
     GGUF Q8_0 / Q4_0 / Q4_1                 32                 o_proj: q_rows (whole heads); down_proj:
     GGUF Q4_K / Q5_K / Q6_K                 256                the rank's intermediate range
     GPTQ / AWQ / compressed-tensors int     32 (their groups are whole blocks: loader/integer_weight.py)
+    fp8 with block-wise scales              the block's inputs (128); rows on 16-row groups (Fp8Weight)
 
 Row cuts (q / k / v, gate / up, the vocabulary) move whole rows and always fit; int8 and fp8 rows with per-row
 scales cut anywhere. A GGUF's types are read from its header (a Q4_K_M file keeps some layers in Q6_K); an HF
@@ -22,6 +23,7 @@ from pagedcore.distributed.rank import ParallelLayout
 from pagedcore.distributed.shard_weights import LAYER_SLICES
 from pagedcore.distributed.sharding import check_layout, shard_plan
 from pagedcore.loader.compressed_tensors_checkpoint import CompressedTensorsScheme
+from pagedcore.loader.fp8_checkpoint import Fp8Scheme
 from pagedcore.loader.gptq_awq_checkpoint import GptqAwqScheme
 from pagedcore.loader.integer_weight import BLOCK
 from pagedcore.loader.quantization import WeightPlan
@@ -66,11 +68,27 @@ def _model_and_check(source: ModelSource, plan: WeightPlan) -> tuple[ModelConfig
         return config, gguf_check
     scheme = plan.prequantized
     grouped = isinstance(scheme, GptqAwqScheme) or (isinstance(scheme, CompressedTensorsScheme) and not scheme.w8a8)
-    if not grouped:
+    fp8_blocks = isinstance(scheme, Fp8Scheme) and scheme.block_size is not None
+    if not grouped and not fp8_blocks:
         return None  # dense, int8 / fp8 rows: any cut
     from pagedcore.loader import hf_loader
 
     config = hf_loader.config_from_hf(source.path, plan.dtype, hf_loader.read_generation_config(source.path))
+    if fp8_blocks:
+        block_k = scheme.block_size[1]
+        inputs = {"self_attn.o_proj.weight": config.num_heads * config.head_dim,
+                  "mlp.down_proj.weight": config.intermediate_size}
+
+        def fp8_check(name: str, dim: int, start: int, length: int) -> str | None:
+            if dim == 0 and (start % 16 or length % 16):
+                return f"{name} (fp8 scale blocks held per 16 rows) would be cut at rows [{start}, {start + length})"
+            end_of_row = start + length == inputs.get(name.split(".", 3)[-1], -1)
+            if dim == 1 and (start % block_k or (length % block_k and not end_of_row)):
+                return (f"{name} (fp8 scale blocks of {block_k} inputs) would be cut at inputs "
+                        f"[{start}, {start + length})")
+            return None
+
+        return config, fp8_check
 
     def hf_check(name: str, dim: int, start: int, length: int) -> str | None:
         if dim == 1 and (start % BLOCK or length % BLOCK):

@@ -50,9 +50,11 @@ class LayerTensors:
     # layout), a checkpoint's 16-bit rows held as stored under fp32 activations (HELD_ROW_FORMATS), or a
     # quantized format of ops/quant_linear.py (the tensor is then that format's bytes: uint8
     # [N, row_bytes], int8 [N, K] for int8_per_channel, uint8 [N, K] for fp8_e4m3 and its x16 layout), with
-    # int8_per_channel's and fp8_e4m3's fp32 per-row scales [N].
+    # int8_per_channel's and fp8_e4m3's fp32 per-row scales [N] (fp8 with block-wise scales: [N / 16, KB] and
+    # block_k, its inputs per block; None elsewhere).
     formats: tuple[str | None, ...] = (None, None, None, None)
     scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
+    block_k: tuple[int | None, ...] = (None, None, None, None)
     # Per linear: its LoRA hook (pagedcore.lora.LoRALayerWeights: the slot stacks a_t, b_t, ranks,
     # slice_starts) or None.
     lora: tuple[object | None, ...] = (None, None, None, None)
@@ -83,16 +85,17 @@ LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "
 LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of LINEAR_LEAVES, the binding's order
 
 
-def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None]:
-    """(quantized format or None for dense, int8_per_channel / fp8 scales or None) of a layer the stack runs."""
+def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None, int | None]:
+    """(quantized format or None for dense, int8_per_channel / fp8 scales or None, fp8 block_k or None) of a
+    layer the stack runs."""
     if isinstance(linear.method, QuantLinearMethod):
         part = linear.quant_parts[0]
-        return part.format, part.scales
+        return part.format, part.scales, part.block_k
     if current_x16_weight(linear) is not None:
-        return X16_FORMATS[linear.weight.dtype], None
+        return X16_FORMATS[linear.weight.dtype], None, None
     if linear.method in HELD_16BIT_METHODS.values():
-        return HELD_ROW_FORMATS[linear.weight.dtype], None
-    return None, None
+        return HELD_ROW_FORMATS[linear.weight.dtype], None, None
+    return None, None, None
 
 
 def lora_batch_of(layers) -> object | None:
@@ -114,7 +117,8 @@ def layer_tensors(layer) -> LayerTensors:
         if packed is not None:
             params[name + ".weight"] = packed
     return LayerTensors(**{field: params.get(name) for name, field in LAYER_PARAMS.items()},
-                        formats=tuple(f for f, _ in formats), scales=tuple(sc for _, sc in formats),
+                        formats=tuple(f for f, _, _ in formats), scales=tuple(sc for _, sc, _ in formats),
+                        block_k=tuple(bk for _, _, bk in formats),
                         lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in LINEAR_LEAVES),
                         input_perms=tuple(getattr(layer.get_submodule(name), "input_perm", None)
                                           for name in LINEAR_LEAVES))
@@ -179,13 +183,16 @@ class DecoderStack:
         scales = [[0 if sc is None else sc.data_ptr() for sc in layer.scales] for layer in layers]
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
         perms = [[0 if perm is None else perm.data_ptr() for perm in layer.input_perms] for layer in layers]
+        block_k = [[bk or 0 for bk in layer.block_k] for layer in layers]
+        any_blocks = any(bk for layer in block_k for bk in layer)
         any_perm = any(perm is not None for layer in layers for perm in layer.input_perms)
         self._layers = layers  # keeps alive what the stack points at (an x16 repack: the X16Weight's packed)
         self._stack = _core.DecoderStack(ptrs, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                                          rms_norm_eps, attn_scale, _DTYPE_CODE[dtype], -1,
                                          linear_formats=formats, linear_scales=scales,
                                          lora_stacks=lora_stacks if hooks else None,
-                                         linear_input_perms=perms if any_perm else None)
+                                         linear_input_perms=perms if any_perm else None,
+                                         linear_block_k=block_k if any_blocks else None)
 
     def set_profiling(self, on: bool) -> None:
         """Time every op inside the stack (a benchmark aid; ~1 us a step)."""

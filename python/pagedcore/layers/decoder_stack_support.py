@@ -172,12 +172,15 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
             if t.shape != shape or t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
                 return (f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: "
                         f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
-        for fmt, scales, field in zip(layer.formats, layer.scales, LINEAR_FIELDS):
-            rows = shapes[field][0]
+        for fmt, scales, block_k, field in zip(layer.formats, layer.scales, layer.block_k, LINEAR_FIELDS):
+            rows, cols = shapes[field][:2]
+            want = (rows,) if block_k is None else (rows // 16, -(-cols // block_k))  # (block-wise: per 16 rows)
+            if block_k is not None and fmt != "fp8_e4m3x16":
+                return f"layer {index} {field}: block-wise scales go with fp8_e4m3x16 weights, not {fmt}"
             if (fmt in SCALED_FORMATS) != (scales is not None) or (scales is not None and (
-                    scales.dtype != torch.float32 or scales.shape != (rows,) or not scales.is_contiguous())):
+                    scales.dtype != torch.float32 or scales.shape != want or not scales.is_contiguous())):
                 return (f"layer {index} {field}: {fmt or 'a dense weight'} "
-                        + (f"needs contiguous fp32 scales of shape ({rows},)" if fmt in SCALED_FORMATS else
+                        + (f"needs contiguous fp32 scales of shape {want}" if fmt in SCALED_FORMATS else
                            "takes no scales (int8_per_channel and fp8_e4m3 do)"))
         for perm, field in zip(layer.input_perms, LINEAR_FIELDS):
             cols = shapes[field][1]

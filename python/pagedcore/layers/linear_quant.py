@@ -50,6 +50,8 @@ class QuantPart:
     weight: torch.Tensor  # uint8 [rows, row_bytes] | int8 [rows, in] | uint8 [rows, in] (fp8) | fp32 [rows, in]
     scales: torch.Tensor | None = None  # fp32 [rows]: int8_per_channel and fp8_e4m3 only
     source_dtype: torch.dtype | None = None  # a float part's dtype in the checkpoint (bf16 / fp16: held so, dense)
+    # fp8 with block-wise scales: inputs per scale block, `scales` then fp32 [rows / 16, ceil(in / block_k)]
+    block_k: int | None = None
     kernels: dict = dataclasses.field(default_factory=dict)  # (silu_mul, x dtype) -> QuantLinearKernel
 
     @property
@@ -128,8 +130,12 @@ class QuantLinearMethod(LinearMethod):
             values, scales = loaded.int8_rows()  # int8 [rows, in], fp32 [rows]
             return QuantPart(INT8_PER_CHANNEL, start, num_rows, values, scales)
         if hasattr(loaded, "fp8_rows"):  # a checkpoint's fp8 rows and their scales, as stored
-            values, scales = loaded.fp8_rows()  # uint8 [rows, in] e4m3 codes, fp32 [rows]
-            return QuantPart(FP8_E4M3, start, num_rows, values, scales)
+            values, scales = loaded.fp8_rows()  # uint8 [rows, in] e4m3 codes, fp32 [rows] (or [rows / 16, KB])
+            block_k = getattr(loaded, "block_k", None)
+            if block_k is not None and start % 16:
+                raise ValueError(f"checkpoint tensor {name!r}: block-scaled fp8 rows start at row {start} of the fused "
+                                 "layer, inside a 16-row group of the x16 kernel")
+            return QuantPart(FP8_E4M3, start, num_rows, values, scales, block_k=block_k)
         dense = torch.empty(num_rows, in_features, dtype=torch.float32)  # [rows, in]
         copy_weight(dense, loaded, name)
         return QuantPart(_DENSE_PART, start, num_rows, dense, source_dtype=held_weights.source_dtype(loaded))
@@ -182,19 +188,22 @@ class QuantLinearMethod(LinearMethod):
         kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x the ggml layout's rate at 128 rows and 1.6x at one
         row on Zen 5, the k-quants 5x at one row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
         +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
-        keeps the file's layout everywhere (for A/B measurements)."""
+        keeps the file's layout everywhere (for A/B measurements) but for block-scaled fp8 (x16 kernel only)."""
         parts = layer.quant_parts
         if (self.format in BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
                 and parts[0].num_rows == layer.out_features):
             _become_dense(layer, parts[0], self.dtype)
             return
-        if os.environ.get("PAGEDCORE_QUANT_REPACK", "1") == "0":
-            return
+        repack = os.environ.get("PAGEDCORE_QUANT_REPACK", "1") != "0"
         from pagedcore.ops.quant_repack import repack_x16, repackable
 
         changed = False
         for part in layer.quant_parts:
+            if not repack and part.block_k is None:
+                continue  # (block-scaled fp8 has only the x16 kernel: it repacks whatever the switch says)
             repacked = repackable(part.format, part.num_rows, K=layer.in_features)
+            if repacked is None and part.block_k is not None:
+                raise ValueError(f"a block-scaled fp8 part of {part.num_rows} rows has no x16 kernel on this CPU")
             if repacked is not None:
                 part.weight = repack_x16(part.weight, part.format, layer.in_features)
                 part.format, part.kernels = repacked, {}
@@ -231,11 +240,13 @@ def _insert_part(layer: Linear, part: QuantPart) -> None:
     merged: list[QuantPart] = []
     for p in parts:
         prev = merged[-1] if merged else None
-        if prev is not None and prev.format == p.format and prev.row_start + prev.num_rows == p.row_start:
-            scales = None if prev.scales is None else torch.cat([prev.scales, p.scales])
+        if (prev is not None and prev.format == p.format and prev.row_start + prev.num_rows == p.row_start
+                and prev.block_k == p.block_k):
+            scales = None if prev.scales is None else torch.cat([prev.scales, p.scales])  # (rows, or row groups)
             source_dtype = prev.source_dtype if prev.source_dtype is p.source_dtype else None  # (mixed: fp32)
             merged[-1] = QuantPart(p.format, prev.row_start, prev.num_rows + p.num_rows,
-                                   torch.cat([prev.weight, p.weight]), scales, source_dtype=source_dtype)
+                                   torch.cat([prev.weight, p.weight]), scales, source_dtype=source_dtype,
+                                   block_k=p.block_k)
         else:
             merged.append(p)
     layer.quant_parts = merged
@@ -315,7 +326,7 @@ def _part_kernel(part: QuantPart, layer: Linear, x_dtype: torch.dtype, silu_mul:
         bias = None if layer.bias is None else layer.bias.narrow(0, part.row_start, part.num_rows)  # [part rows]
         kernel = part.kernels[key] = QuantLinearKernel(
             part.weight, part.format, layer.in_features, bias, scales=part.scales, silu_mul=silu_mul,
-            x_dtype=x_dtype, out_dtype=None if silu_mul else layer.out_dtype)
+            x_dtype=x_dtype, out_dtype=None if silu_mul else layer.out_dtype, block_k=part.block_k)
     return kernel
 
 

@@ -92,15 +92,17 @@ class QuantLinearKernel:
 
     weight: uint8 [N, row_bytes(fmt, K)] for a GGUF format (ggml's bytes), int8 [N, K] with fp32
     `scales` [N] for int8_per_channel, uint8 [N, K] e4m3 bytes (or a float8_e4m3fn tensor, read as its
-    bytes) with fp32 `scales` [N] for fp8_e4m3 (x16: N a multiple of 16, silu_mul halves too). The tensors
-    must stay where they are (`matches`)."""
+    bytes) with fp32 `scales` [N] for fp8_e4m3 (x16: N a multiple of 16, silu_mul halves too). fp8_e4m3x16 with
+    block-wise scales (block_k: inputs per scale block, a multiple of 4): `scales` fp32 [N / 16, ceil(K / block_k)],
+    one per 16-row group and k-block (a checkpoint's 128 x 128 table repeated for its groups). The tensors must
+    stay where they are (`matches`)."""
 
     __slots__ = ("weight", "scales", "bias", "weight_format", "N", "K", "out_cols", "x_dtype", "out_dtype",
-                 "weight_ptr", "_handle")
+                 "block_k", "weight_ptr", "_handle")
 
     def __init__(self, weight: torch.Tensor, weight_format: str, K: int, bias: torch.Tensor | None = None, *,
                  scales: torch.Tensor | None = None, silu_mul: bool = False, x_dtype: torch.dtype = torch.float32,
-                 out_dtype: torch.dtype | None = None, isa: str = "auto"):
+                 out_dtype: torch.dtype | None = None, isa: str = "auto", block_k: int | None = None):
         fmt = _check_format(weight_format)
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
@@ -123,7 +125,16 @@ class QuantLinearKernel:
         if fmt == "fp8_e4m3x16" and (N % 16 or (silu_mul and N // 2 % 16)):
             raise ValueError(f"{fmt} holds whole groups of 16 rows{' per SwiGLU half' if silu_mul else ''}; N = {N} "
                              "is not: keep the rows as fp8_e4m3 (quant_repack.repackable says when to repack)")
-        if fmt in SCALED_FORMATS:
+        if block_k is not None:
+            if fmt != "fp8_e4m3x16" or not isinstance(block_k, int) or block_k <= 0 or block_k % 4:
+                raise ValueError(f"block-wise scales (block_k {block_k!r}) go with fp8_e4m3x16 weights and a positive "
+                                 f"block_k that is a multiple of 4; got {fmt}: repack the fp8 rows (quant_repack)")
+            shape = (N // 16, -(-K // block_k))
+            if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != shape
+                    or scales.device.type != "cpu" or not scales.is_contiguous()):
+                raise ValueError(f"fp8_e4m3x16 with block_k {block_k} needs scales: a contiguous fp32 CPU tensor of "
+                                 f"shape {shape}, one per 16-row group and block of {block_k} inputs")
+        elif fmt in SCALED_FORMATS:
             if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (N,)
                     or scales.device.type != "cpu" or not scales.is_contiguous()):
                 raise ValueError(f"{fmt} needs scales: a contiguous fp32 CPU tensor of shape ({N},), one per "
@@ -148,12 +159,15 @@ class QuantLinearKernel:
         self.N, self.K = N, K
         self.out_cols = N // 2 if silu_mul else N
         self.x_dtype, self.out_dtype = x_dtype, out_dtype
+        self.block_k = block_k
         self.weight_ptr = weight.data_ptr()
+        per_row = scales is not None and block_k is None
         self._handle = _core.LinearHandle(
             weight=self.weight_ptr, bias=bias.data_ptr() if bias is not None else 0, N=N, K=K,
             x_dtype=CPU_DTYPE_CODES[x_dtype], weight_format=FORMAT_ENUMS[fmt], bias_dtype=bias_code,
             out_dtype=CPU_DTYPE_CODES[out_dtype], epilogue=_EPILOGUE_SILU_MUL if silu_mul else _EPILOGUE_NONE,
-            isa=isa_code(isa), weight_scales=scales.data_ptr() if scales is not None else 0)
+            isa=isa_code(isa), weight_scales=scales.data_ptr() if per_row else 0,
+            weight_block_scales=scales.data_ptr() if block_k is not None else 0, weight_block_k=block_k or 0)
 
     def matches(self, weight: torch.Tensor) -> bool:
         """Still bound to this weight's memory (False after e.g. module.to() replaced it)."""
