@@ -52,7 +52,8 @@ def write(method: str, src: str, dst: str, group_size: int, source_dtype: str | 
             out[name] = tensor.contiguous()
         elif method in fp8.SCHEMES:  # scales in the model's dtype (compressed-tensors) or fp32 (vLLM's fp8)
             scale_dtype = torch.float32 if fp8.SCHEMES[method][0] == "fp8" else tensor.dtype
-            q, scales = fp8.quantize(tensor.float(), fp8.SCHEMES[method][1], scale_dtype)
+            q, scales = fp8.quantize(tensor.float(), fp8.SCHEMES[method][1], scale_dtype,
+                                     fp8.BLOCK_SIZES.get(method))  # (block-wise schemes: their blocks)
             out.update({f"{prefix}.{key}": value for key, value in fp8.layer_tensors(q, scales, method).items()})
         elif method.startswith("ct-"):
             fmt, ct_bits, strategy, size, symmetric, _, _ = ct.SCHEMES[method[3:]]
