@@ -1,4 +1,4 @@
-"""An HF checkpoint stored bf16 or fp16, run in float32 (dtype auto on an HF folder): every bias-less linear
+"""An HF checkpoint stored bf16 or fp16, run in float32 (dtype auto on an HF folder): every linear (a bias fp32)
 and the token table are held in the checkpoint's dtype (layers/held_weights.py hold_16bit_enabled; half the bytes of
 the fp32 copy the model used to make), and the kernels widen each weight exactly, so the model computes the
 same thing as with the values widened at load (PAGEDCORE_HOLD_16BIT=0): bit for bit for fp16 in either layout
@@ -43,10 +43,9 @@ def test_a_16bit_checkpoint_is_held_as_stored_and_computes_the_same(tmp_path, mo
     for linear in (layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         assert linear.method is HELD_16BIT_METHODS[dtype] and linear.weight.dtype == dtype
     qkv = layer.self_attn.qkv_proj
-    if kind == "qwen2":  # a biased layer stays fp32
-        assert qkv.method is LINEAR_METHODS["float32"] and qkv.weight.dtype == torch.float32
-    else:
-        assert qkv.method is HELD_16BIT_METHODS[dtype]
+    assert qkv.method is HELD_16BIT_METHODS[dtype]
+    if kind == "qwen2":  # q/k/v biases: held too, the bias fp32 (added in fp32, as by the fp32 layer)
+        assert qkv.weight.dtype == dtype and qkv.bias.dtype == torch.float32
     assert held.model.model.embed_tokens.weight.dtype == dtype
     assert held.weight_bytes[str(dtype).removeprefix("torch.")] > held.weight_bytes.get("float32", 0)
     assert held.model.decoder_stack_status.supported, held.model.decoder_stack_status.reason

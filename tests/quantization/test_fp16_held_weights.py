@@ -80,15 +80,23 @@ def test_fp16_tables_and_heads_are_held_fp16_and_give_the_fp32_copys_logits_bit_
     assert llm_tokens[0] == llm_tokens[1]
 
 
-def test_a_biased_fp16_head_stays_fp32(tmp_path):
-    """A layer with a bias keeps the fp32 dense method (its bias need not be 16-bit; the kernels take an fp32
-    or bf16 bias): only bias-less 16-bit parts are held as stored."""
+def test_a_biased_fp16_layer_is_held_with_its_fp32_bias(tmp_path):
+    """A layer with a bias is held as stored too: the weight fp16, the bias fp32 as loaded (the kernels add an fp32
+    bias); its output equals the fp32 layer's of the same values, bit for bit (the same sums, the same bias add)."""
     from pagedcore.layers.linear_quant import QuantPart, _become_dense
     from pagedcore.layers.linear import Linear
     from pagedcore.layers.linear_quant import QUANT_LINEAR_METHODS
 
-    layer = Linear(32, 48, bias=True, method=QUANT_LINEAR_METHODS["gptq"])
-    layer.bias.data.copy_(torch.randn(48))
+    bias = torch.randn(48)
     weight = torch.randn(48, 32).half()
+    layer = Linear(32, 48, bias=True, method=QUANT_LINEAR_METHODS["gptq"])
+    layer.bias.data.copy_(bias)
     _become_dense(layer, QuantPart("float32", 0, 48, weight.float(), source_dtype=torch.float16))
-    assert layer.method is LINEAR_METHODS["float32"] and layer.weight.dtype == torch.float32
+    assert layer.method is FP16_WEIGHTS_FP32_ACTIVATIONS and layer.weight.dtype == torch.float16
+    assert layer.bias.dtype == torch.float32 and torch.equal(layer.bias, bias)
+    fp32 = Linear(32, 48, bias=True, method=LINEAR_METHODS["float32"])
+    fp32.method.load(fp32, "weight", weight.float(), "weight", None)
+    fp32.method.load(fp32, "bias", bias, "bias", None)
+    fp32.method.process_weights_after_loading(fp32)
+    x = torch.randn(5, 32)
+    assert torch.equal(layer(x), fp32(x))

@@ -126,13 +126,12 @@ class DenseLinearMethod(LinearMethod):
                 layer._library.prepack(layer.weight, layer.bias)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """A bias-less fp32 layer whose checkpoint tensors were all bf16 or all fp16 is held in that dtype
-        (layers/held_weights.py). Then repacks W into its x16 layout where that is on and the shape allows
+        """An fp32 layer whose checkpoint weight tensors were all bf16 or all fp16 is held in that dtype
+        (layers/held_weights.py; a bias stays fp32, as loaded: the kernels add it in fp32 as for an fp32 layer). Then repacks W into its x16 layout where that is on and the shape allows
         (dense_repack); the checkpoint-layout tensor is dropped (freed unless something else holds it)."""
         held = HELD_16BIT_METHODS.get(next(iter(layer._source_dtypes))) if len(layer._source_dtypes) == 1 else None
         if (self.dtype is torch.float32 and self.x_dtypes == (torch.float32,) and held is not None
-                and layer.bias is None and layer.weight.is_cpu and not isinstance(layer.weight, X16Weight)
-                and hold_16bit_enabled()):
+                and layer.weight.is_cpu and not isinstance(layer.weight, X16Weight) and hold_16bit_enabled()):
             held.take(layer, layer.weight.data.to(held.dtype))  # exact
             held.process_weights_after_loading(layer)
             return
@@ -147,7 +146,8 @@ class DenseLinearMethod(LinearMethod):
         self._bind(layer, x16=True)
 
     def take(self, layer: Linear, weight: torch.Tensor) -> None:
-        """`layer` (no bias) becomes this method's, holding `weight` [out, in] of self.dtype (held_weights.py)."""
+        """`layer` becomes this method's, holding `weight` [out, in] of self.dtype (held_weights.py); its bias, if
+        any, stays as it is (fp32 under a held 16-bit weight)."""
         layer.method = self
         layer.weight = nn.Parameter(weight, requires_grad=False)
         layer._library = LibraryBinding(layer.weight)

@@ -261,17 +261,19 @@ def _become_dense(layer: Linear, part: QuantPart, dtype: torch.dtype = torch.flo
     compressed-tensors / fp8 checkpoint's untied lm_head, `ignore`, modules_to_not_convert) becomes the dense layer
     a dense checkpoint would have: the x16 kernel where the CPU has it, a kernel binding for the one-call
     decode's head (kernel_for), the C++ decoder stack, the kernels' pool where nothing else needs torch. In an fp32
-    model (`dtype`) a bf16 or fp16 tensor without a bias is held as stored (its exact values, half the bytes) and
+    model (`dtype`) a bf16 or fp16 tensor is held as stored (its exact values, half the bytes; a bias stays fp32) and
     multiplies the fp32 activations (the kernels widen it: the same sums as an fp32 copy); any other is held fp32.
     In a bf16 model (fp8 checkpoints) it is the dense bf16 layer. Done through the dense method's own calls."""
     from pagedcore.layers.linear import HELD_16BIT_METHODS, LINEAR_METHODS
 
-    bias = layer.bias  # (a biased layer stays fp32: its bias need not be 16-bit in the checkpoint)
-    held = HELD_16BIT_METHODS.get(part.source_dtype) if bias is None and dtype is torch.float32 else None
+    bias = layer.bias  # fp32 [out] (a held layer keeps it so: the checkpoint's bias need not be 16-bit)
+    held = HELD_16BIT_METHODS.get(part.source_dtype) if dtype is torch.float32 else None
     dense = held or LINEAR_METHODS["bfloat16" if dtype is torch.bfloat16 else "float32"]
     layer.method = dense
     del layer.quant_parts, layer.input_perm
     dense.create_weights(layer, bias is not None)
+    if held is not None and bias is not None:
+        layer.bias = nn.Parameter(torch.empty_like(bias.data), requires_grad=False)  # fp32, as loaded
     # (a held part's values in its own dtype: exact, they came from it)
     dense.load(layer, "weight", part.weight if held is None else part.weight.to(held.dtype), "weight", None)
     if bias is not None:

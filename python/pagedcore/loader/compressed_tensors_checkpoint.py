@@ -16,12 +16,12 @@ What runs (integer_weight.py holds the conversions; every one is exact but Q4_1'
         -> int8_per_channel: the W8A8 kernel, per-token activation scales, as the checkpoint defines them
     8-bit weight-only (W8A16), symmetric, any group size a multiple of 32 -> Q8_0 blocks
     4-bit weight-only (W4A16), symmetric -> Q4_0; asymmetric -> Q4_1
-    format "float-quantized": fp8 e4m3 weights, channel / tensor scales (llm-compressor's FP8, FP8_DYNAMIC)
-        -> fp8_e4m3 rows, as stored, run weight-only (loader/fp8_checkpoint.py)
+    format "float-quantized": fp8 e4m3 weights, channel / tensor / block scales (llm-compressor's FP8,
+        FP8_DYNAMIC, FP8_BLOCK) -> fp8_e4m3 rows, as stored, run weight-only (loader/fp8_checkpoint.py)
 The weight-only integer schemes run on the block kernels, which quantize activations to int8 per block of 32
 (as for a GGUF or a GPTQ checkpoint): not the checkpoint's 16-bit activations; docs/quantization.md says so.
 Layers the checkpoint leaves unquantized (`ignore`: lm_head, ...) are dense. Refused with the fix: nvfp4 /
-mxfp4 and block-scaled fp8, sparse and 2:4 formats, transforms, kv-cache scales, static or per-tensor int8
+mxfp4, group-scaled fp8, sparse and 2:4 formats, transforms, kv-cache scales, static or per-tensor int8
 activation scales, asymmetric activations, W4A8, a config whose groups differ, block strategies, 8-bit
 asymmetric weights.
 """
