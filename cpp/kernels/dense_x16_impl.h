@@ -32,7 +32,6 @@
 // GFLOP/s and bf16 700-790 -> 850-950 (bench_linear.py --library, 2026-12-04).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -82,7 +81,8 @@ inline void x16_tile(const LinearBlockArgs& a, int64_t m, int64_t g0, float* dst
   // One pass over all of K, or (kBlockScaled) one per scale block.
   const int64_t k_step = kBlockScaled ? a.block_k : K;
   for (int64_t k_lo = 0, kb = 0; k_lo < K || (!kBlockScaled && kb == 0); k_lo += k_step, ++kb) {
-    const int64_t k_hi = kBlockScaled ? std::min(K, k_lo + k_step) : K;
+    // (no std::min: a Debug build would emit it as a weak symbol shared by the ISA units; check_isa_symbols.sh)
+    const int64_t k_hi = kBlockScaled && k_lo + k_step < K ? k_lo + k_step : K;
 
     if constexpr (kMode == kX16F32 || kMode == kX16F16Widen || kMode == kX16Fp8Widen) {
       using WeightT = std::conditional_t<kMode == kX16F32, float,
