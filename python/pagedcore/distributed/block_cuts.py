@@ -45,9 +45,10 @@ def block_cut_error(source: ModelSource, plan: WeightPlan, tp_size: int) -> str 
     if error is None:
         return None
     fits = [n for n in range(1, 9) if _fits(config, n, check)]
+    other = (", or pass --dtype float32|bfloat16 (the GGUF dequantised at load: cuts anywhere)"
+             if source.format == "gguf" else "")
     return (f"--tensor-parallel-size {tp_size} would cut a weight kept in blocks inside a block: {error}; "
-            f"--tensor-parallel-size in {fits} cuts on whole blocks (up to 8 tried), or pass --dtype "
-            "float32|bfloat16 on a GGUF (dequantised at load: cuts anywhere)")
+            f"--tensor-parallel-size in {fits} cuts on whole blocks (up to 8 tried){other}")
 
 
 def _model_and_check(source: ModelSource, plan: WeightPlan) -> tuple[ModelConfig, CutCheck] | None:
