@@ -198,6 +198,36 @@ def test_grouped_int_cuts_hold_the_one_process_blocks():
 
 
 @needs_default_model
+def test_each_layer_of_the_ranks_computes_the_one_process_layer():
+    """Layer by layer (the model-level comparison above is statistical): each rank's q/k/v and gate/up outputs are
+    one process's columns bit for bit, and the ranks' o_proj / down_proj partial products (each on its slice of
+    the inputs, blocks of x quantized as in one process) sum to one process's output within float rounding."""
+    from .test_model_shard import _NoComm
+
+    reference = load_model(None, dtype="auto", load_tokenizer=False).model
+    layout = ParallelLayout(tp_size=2)
+    ranks = [load_model_shard(None, "auto", None, layout.rank_info(r), tp_comm=_NoComm(2)).model for r in range(2)]
+    generator = torch.Generator().manual_seed(0)
+    for index in (0, 17):
+        full = reference.model.layers[index]
+        parts = [rank.model.layers[index] for rank in ranks]
+        for name, cuts in (("self_attn.o_proj", (0, 384, 576)), ("mlp.down_proj", (0, 768, 1536))):
+            layer = full.get_submodule(name)
+            for rows in (1, 21):
+                x = torch.randn(rows, layer.in_features, generator=generator)
+                want = layer(x)
+                got = sum(part.get_submodule(name).method.apply(part.get_submodule(name),
+                                                                x[:, cuts[i]:cuts[i + 1]].contiguous())
+                          for i, part in enumerate(parts))
+                assert (got - want).abs().max() <= 2e-6 * want.abs().max(), (index, name, rows)
+        x = torch.randn(5, 576, generator=generator)
+        gate_up = full.mlp.gate_up_proj(x)  # [5, 2 * 1536]: gate | up
+        halves = [part.mlp.gate_up_proj(x) for part in parts]  # [5, 2 * 768] each: its gate | its up
+        assert torch.equal(torch.cat([h[:, :768] for h in halves], 1), gate_up[:, :1536])
+        assert torch.equal(torch.cat([h[:, 768:] for h in halves], 1), gate_up[:, 1536:])
+
+
+@needs_default_model
 def test_one_rank_loads_its_blocks_without_a_collective():
     """load_model_shard of TP rank 1 keeps the file's formats (no float copy of a quantized weight)."""
     from .test_model_shard import _NoComm
