@@ -16,7 +16,6 @@ import torch
 from pagedcore.distributed.model_shard import check_shardable, load_model_shard
 from pagedcore.distributed.rank import ParallelLayout
 from pagedcore.loader import load_model
-from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.integer_weight import ChannelInt8Weight, GroupedIntWeight
 
 from ..models import tiny_models
@@ -116,16 +115,17 @@ def test_gptq_tp2_matches_one_process(tmp_path):
 
 
 def test_gptq_act_order_groups_ragged_on_a_rank_are_refused(tmp_path):
-    """Act order scatters each group over the inputs: a rank's half of down_proj's inputs holds a count of each
-    group that is not a multiple of 32, so its blocks would mix groups; the rank refuses while loading, naming
-    the fix (the groups are known only from g_idx, read with the weights)."""
+    """Act order scatters each group over the inputs: a rank's half of o_proj's inputs holds a count of some group
+    that is not a multiple of 32, so its blocks would mix groups. Refused at start-up from the row-parallel layers'
+    g_idx (read before any weight), naming the fix; a rank's own cut refuses it too (GroupedIntWeight.narrow)."""
     from ..quantization.gptq_awq_checkpoints import write_gptq_awq_folder
     from .test_model_shard import _NoComm
 
     folder, _ = write_gptq_awq_folder(tmp_path / "gptq", "gptq", "llama", group_size=32, act_order=True)
-    check_shardable(folder, "auto", None, tp_size=2)  # (nothing to see before the tensors)
-    with pytest.raises(ModelLoadError, match=r"act order \(g_idx\) leaves this tensor-parallel rank's inputs .* "
-                                             r"--tensor-parallel-size 1 or use a checkpoint without act order"):
+    with pytest.raises(ValueError, match=r"rank 0: model\.layers\.0\.self_attn\.o_proj\.weight \(act order: g_idx "
+                                         r"scatters each group.*desc_act=False\).*--tensor-parallel-size in \[1\]"):
+        check_shardable(folder, "auto", None, tp_size=2)
+    with pytest.raises(ValueError, match=r"act order"):
         load_model_shard(folder, "auto", None, ParallelLayout(tp_size=2).rank_info(0), tp_comm=_NoComm(2))
 
 

@@ -11,13 +11,15 @@ some of its input columns) can only be cut on block boundaries:
 
 Row cuts (q / k / v, gate / up, the vocabulary) move whole rows and always fit; int8 and fp8 rows with per-row
 scales cut anywhere. A GGUF's types are read from its header (a Q4_K_M file keeps some layers in Q6_K); an HF
-checkpoint's block is 32. An act-order (g_idx) checkpoint is checked as its tensors are cut
-(GroupedIntWeight.narrow), since its groups are known only from them.
+checkpoint's block is 32, and where it stores g_idx (act order scatters each group over the inputs) a rank's inputs
+must hold each group a whole number of blocks: the row-parallel layers' g_idx are read here (a few KB each).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 from pagedcore.distributed.rank import ParallelLayout
 from pagedcore.distributed.shard_weights import LAYER_SLICES
@@ -91,12 +93,36 @@ def _model_and_check(source: ModelSource, plan: WeightPlan) -> tuple[ModelConfig
 
         return config, fp8_check
 
+    groups = _row_parallel_groups(source.path)  # name -> int64 [K] group of each input, where g_idx is stored
+
     def hf_check(name: str, dim: int, start: int, length: int) -> str | None:
-        if dim == 1 and (start % BLOCK or length % BLOCK):
+        if dim != 1:
+            return None
+        if start % BLOCK or length % BLOCK:
             return f"{name} (blocks of {BLOCK} inputs) would be cut at inputs [{start}, {start + length})"
+        group = groups.get(name)
+        if group is not None:  # act order: the rank's inputs of each group must still fill whole blocks
+            counts = torch.bincount(group[start:start + length])
+            if bool((counts % BLOCK != 0).any()):
+                return (f"{name} (act order: g_idx scatters each group over the inputs) would leave the inputs "
+                        f"[{start}, {start + length}) with groups that are not whole blocks of {BLOCK}; use a "
+                        "checkpoint without act order (desc_act=False)")
         return None
 
     return config, hf_check
+
+
+def _row_parallel_groups(folder: str) -> dict[str, torch.Tensor]:
+    """The g_idx of each o_proj / down_proj of an HF folder (GPTQ's g_idx, compressed-tensors' weight_g_idx; int32
+    [K], a few KB each), keyed by the layer's weight name; empty when the checkpoint stores none."""
+    from pagedcore.loader import hf_loader
+
+    groups = {}
+    for name, tensor in hf_loader.lazy_weights_from_safetensors(hf_loader.safetensors_files(folder)):
+        prefix, _, part = name.rpartition(".")
+        if part in ("g_idx", "weight_g_idx") and prefix.endswith(("self_attn.o_proj", "mlp.down_proj")):
+            groups[prefix + ".weight"] = tensor.read().to(torch.int64).reshape(-1)
+    return groups
 
 
 def _first_error(config: ModelConfig, tp_size: int, check: CutCheck) -> str | None:
