@@ -38,7 +38,11 @@ void bind_linear(py::module_& m) {
       .value("DENSE_F16", kernels::WeightFormat::kDenseF16)
       .value("F16X16", kernels::WeightFormat::kDenseF16x16)
       .value("FP8_E4M3", kernels::WeightFormat::kDenseFp8E4M3)
-      .value("FP8_E4M3X16", kernels::WeightFormat::kDenseFp8E4M3x16);
+      .value("FP8_E4M3X16", kernels::WeightFormat::kDenseFp8E4M3x16)
+      .value("Q5_0", kernels::WeightFormat::kQ5_0)
+      .value("Q5_1", kernels::WeightFormat::kQ5_1)
+      .value("Q5_0X16", kernels::WeightFormat::kQ5_0x16)
+      .value("Q5_1X16", kernels::WeightFormat::kQ5_1x16);
   py::class_<kernels::LinearLayer>(m, "LinearHandle",
                                    "Weight-side arguments of one linear layer (pagedcore.ops.linear builds it).")
       .def(py::init([](uintptr_t weight, uintptr_t bias, int64_t N, int64_t K, int32_t x_dtype,

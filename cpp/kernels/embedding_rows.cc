@@ -62,6 +62,81 @@ void decode_q4(WeightFormat base, float d, float m, const uint8_t* qs, float* ou
   }
 }
 
+// Q5_0 (base kQ5_0: (q - 16) d) or Q5_1 (d q + m, two roundings as Q4_1): the nibbles plus bit j of qh as 16.
+void decode_q5(WeightFormat base, float d, float m, const uint8_t* qs, uint32_t qh, float* out) {
+  float q[32];
+  unpack_nibbles(qs, q);
+  for (int j = 0; j < 32; ++j) q[j] += static_cast<float>(16u * (qh >> j & 1u));
+  if (base == WeightFormat::kQ5_0) {
+    for (int j = 0; j < 32; ++j) out[j] = (q[j] - 16.f) * d;
+  } else {
+    for (int j = 0; j < 32; ++j) {
+      const float scaled = q[j] * d;
+      out[j] = scaled + m;
+    }
+  }
+}
+
+uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Row c's ggml qh word of a Q5_0x16 / Q5_1x16 block: byte 4 c + t of the plane holds the fifth bit of
+// weight 4 j + t at bit 2 j and of weight 16 + 4 j + t at bit 2 j + 1 (quant_blocks.h).
+uint32_t qh_of_x16_row(const uint8_t* plane, int64_t c) {
+  uint32_t qh = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t byte = plane[4 * c + t];
+      qh |= (byte >> (2 * j) & 1u) << (4 * j + t);
+      qh |= (byte >> (2 * j + 1) & 1u) << (16 + 4 * j + t);
+    }
+  return qh;
+}
+
+bool is_q5(WeightFormat f) {
+  return f == WeightFormat::kQ5_0 || f == WeightFormat::kQ5_1 || f == WeightFormat::kQ5_0x16 ||
+         f == WeightFormat::kQ5_1x16;
+}
+
+// Row `row` of a Q5_0 / Q5_1 table (ggml rows or their x16 repack) -> fp32 values [K].
+void decode_q5_row(const EmbeddingRowsParams& p, int64_t row, float* values) {
+  const int64_t nb = p.K / kBlock32;
+  const uint8_t* table = static_cast<const uint8_t*>(p.table);
+  const WeightFormat f = p.format;
+  const bool x16 = f == WeightFormat::kQ5_0x16 || f == WeightFormat::kQ5_1x16;
+  const WeightFormat base = f == WeightFormat::kQ5_0 || f == WeightFormat::kQ5_0x16 ? WeightFormat::kQ5_0
+                                                                                    : WeightFormat::kQ5_1;
+  const int64_t g = row / kGroupRows, c = row % kGroupRows;
+  for (int64_t b = 0; b < nb; ++b) {
+    float* out = values + b * kBlock32;
+    if (!x16) {
+      const uint8_t* r = table + row * quant_row_bytes(f, p.K);
+      if (base == WeightFormat::kQ5_0) {
+        const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(r) + b;
+        decode_q5(base, fp16_to_float(load_u16(&blk->d)), 0.f, blk->qs, load_u32(blk->qh), out);
+      } else {
+        const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(r) + b;
+        decode_q5(base, fp16_to_float(load_u16(&blk->d)), fp16_to_float(load_u16(&blk->m)), blk->qs,
+                  load_u32(blk->qh), out);
+      }
+      continue;
+    }
+    uint8_t qs[16];  // the row's ggml nibble bytes: chunk j holds bytes 4 j .. 4 j + 3
+    if (base == WeightFormat::kQ5_0) {
+      const BlockQ5_0x16* blk = reinterpret_cast<const BlockQ5_0x16*>(table) + g * nb + b;
+      for (int j = 0; j < 4; ++j) std::memcpy(qs + 4 * j, blk->qs[j] + 4 * c, 4);
+      decode_q5(base, fp16_to_float(blk->d[c]), 0.f, qs, qh_of_x16_row(blk->qh, c), out);
+    } else {
+      const BlockQ5_1x16* blk = reinterpret_cast<const BlockQ5_1x16*>(table) + g * nb + b;
+      for (int j = 0; j < 4; ++j) std::memcpy(qs + 4 * j, blk->qs[j] + 4 * c, 4);
+      decode_q5(base, fp16_to_float(blk->d[c]), fp16_to_float(blk->m[c]), qs, qh_of_x16_row(blk->qh, c), out);
+    }
+  }
+}
+
 // Row `row` of a GGUF block table (ggml rows or their x16 repack) -> fp32 values [K].
 void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) {
   const int64_t nb = p.K / kBlock32;
@@ -69,6 +144,10 @@ void decode_block_row(const EmbeddingRowsParams& p, int64_t row, float* values) 
   const WeightFormat f = p.format;
   if (is_kquant_table(f)) {
     decode_kquant_row(f, p.table, row, p.K, values);
+    return;
+  }
+  if (is_q5(f)) {
+    decode_q5_row(p, row, values);
     return;
   }
   if (f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1) {
@@ -171,14 +250,14 @@ DType dense_dtype(WeightFormat f) {
 bool has_embedding_rows(WeightFormat f) {
   return is_dense(f) || f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 ||
          f == WeightFormat::kQ8_0x16 || f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 ||
-         is_kquant_table(f);
+         is_q5(f) || is_kquant_table(f);
 }
 
 Status embedding_rows(const EmbeddingRowsParams& p) {
   const WeightFormat f = p.format;
   if (!has_embedding_rows(f))
     return Status::invalid(std::string("embedding_rows: no decoder for ") + weight_format_name(f) +
-                           " tables (dense, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and their x16 repacks have one)");
+                           " tables (dense, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and their x16 repacks have one)");
   if (p.num_ids < 0 || p.num_rows <= 0 || p.K <= 0 || p.out_stride < p.K)
     return Status::invalid("embedding_rows: invalid sizes (num_ids " + std::to_string(p.num_ids) + ", rows " +
                            std::to_string(p.num_rows) + ", K " + std::to_string(p.K) + ", out_stride " +

@@ -226,6 +226,10 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kDenseF16x16: return "f16x16";
     case WeightFormat::kDenseFp8E4M3: return "fp8_e4m3";
     case WeightFormat::kDenseFp8E4M3x16: return "fp8_e4m3x16";
+    case WeightFormat::kQ5_0: return "q5_0";
+    case WeightFormat::kQ5_1: return "q5_1";
+    case WeightFormat::kQ5_0x16: return "q5_0x16";
+    case WeightFormat::kQ5_1x16: return "q5_1x16";
   }
   return "unknown";
 }

@@ -30,10 +30,10 @@ enum class LinearEpilogue : int32_t { kNone = 0, kSiluMul = 1 };
 // does, and the dot products are integer):
 //   kInt8PerChannel: int8 rows [N, K] and one fp32 scale per output row (LinearParams.weight_scales):
 //                    W8A8 with one dynamic scale per row of x.
-//   kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K: GGUF blocks in ggml's exact byte layout
+//   kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K: GGUF blocks in ggml's exact byte layout
 //                    (quant_blocks.h), N rows of K / block blocks (32 weights; 256 for the k-quants).
-//   kQ4_0x16, kQ4_1x16, kQ8_0x16: the same blocks repacked once at load, 16 weight rows interleaved
-//                    (quant_blocks.h BlockQ*x16; N a multiple of 16; the same bytes per weight), so
+//   kQ4_0x16, kQ4_1x16, kQ5_0x16, kQ5_1x16, kQ8_0x16: the same blocks repacked once at load, 16 weight rows
+//                    interleaved (quant_blocks.h BlockQ*x16; N a multiple of 16; the same bytes per weight), so
 //                    one vector of integer products holds 16 output columns (quant_x16_impl.h).
 //   kQ4_Kx16, kQ5_Kx16, kQ6_Kx16: the k-quants repacked the same way, their 6-bit sub-block scales
 //                    unpacked to bytes (quant_blocks.h; 148 / 180 / 210 bytes per row and 256
@@ -90,8 +90,12 @@ enum class WeightFormat : int32_t {
   kDenseF16x16 = 19,
   kDenseFp8E4M3 = 20,
   kDenseFp8E4M3x16 = 21,
+  kQ5_0 = 22,
+  kQ5_1 = 23,
+  kQ5_0x16 = 24,
+  kQ5_1x16 = 25,
 };
-constexpr int kNumWeightFormats = 22;
+constexpr int kNumWeightFormats = 26;
 const char* weight_format_name(WeightFormat format);
 // The dense format of a dtype (kFloat32 -> kDenseF32, kBFloat16 -> kDenseBf16).
 WeightFormat dense_weight_format(DType dtype);

@@ -7,6 +7,9 @@
 //   Q8_0  (32 weights):  d * q,  q int8
 //   Q4_0  (32 weights):  d * (q - 8),  q = qs[j] & 15 for j < 16, qs[j - 16] >> 4 after
 //   Q4_1  (32 weights):  d * q + m,  q as Q4_0
+//   Q5_0  (32 weights):  d * (q - 16),  q 5-bit: the Q4_0 nibble plus bit j of qh (little-endian uint32) as 16
+//   Q5_1  (32 weights):  d * q + m,  q as Q5_0 (what llama.cpp writes for Q4_K / Q5_K tensors whose rows are
+//         not whole 256-weight super-blocks: most of a small model's Q4_K_M / Q5_K_M file)
 //   Q4_K  (256 weights = 8 sub-blocks of 32): d * sc[s] * q - dmin * mn[s], q 4-bit, sc / mn 6-bit
 //         per sub-block s packed in `scales` (12 bytes); qs byte 32 c + l holds weight 64 c + l in its
 //         low nibble and weight 64 c + 32 + l in its high nibble
@@ -22,7 +25,7 @@
 namespace pagedcore {
 namespace kernels {
 
-constexpr int64_t kBlock32 = 32;    // Q8_0, Q4_0, Q4_1 block; the sub-block of the k-quants
+constexpr int64_t kBlock32 = 32;    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 block; the sub-block of the k-quants
 constexpr int64_t kBlockK = 256;    // the k-quants' super-block (Q8_K activations too)
 
 struct BlockQ8_0 {
@@ -36,6 +39,17 @@ struct BlockQ4_0 {
 struct BlockQ4_1 {
   uint16_t d;       // fp16 scale
   uint16_t m;       // fp16 minimum (added)
+  uint8_t qs[16];
+};
+struct BlockQ5_0 {
+  uint16_t d;       // fp16 scale
+  uint8_t qh[4];    // bit j: the fifth bit of weight j
+  uint8_t qs[16];   // the low four bits, as Q4_0
+};
+struct BlockQ5_1 {
+  uint16_t d;       // fp16 scale
+  uint16_t m;       // fp16 minimum (added)
+  uint8_t qh[4];
   uint8_t qs[16];
 };
 struct BlockQ4_K {
@@ -66,6 +80,10 @@ struct BlockQ6_K {
 //                      low nibbles weights 4 j + t, high nibbles weights 16 + 4 j + t.
 //   Q8_0x16:           qs[j] (j = 0..7) holds weights 4 j .. 4 j + 3 of each row, stored as q + 128
 //                      (unsigned: vpdpbusd multiplies unsigned weights by signed activations).
+//   Q5_0x16 / Q5_1x16: qs as Q4_0x16; the fifth bits moved beside the nibbles they complete: byte 4 r + t
+//                      of qh holds, for row r, the fifth bit of weight 4 j + t at bit 2 j and of weight
+//                      16 + 4 j + t at bit 2 j + 1 (j = 0..3), so the qs[j] vector's bits are one shift
+//                      and one mask away (quant_x16_impl.h).
 struct BlockQ4_0x16 {
   uint16_t d[16];      // fp16 scale of each row
   uint8_t qs[4][64];
@@ -73,6 +91,17 @@ struct BlockQ4_0x16 {
 struct BlockQ4_1x16 {
   uint16_t d[16];
   uint16_t m[16];      // fp16 minimum of each row
+  uint8_t qs[4][64];
+};
+struct BlockQ5_0x16 {
+  uint16_t d[16];
+  uint8_t qh[64];      // the fifth bits, 8 of each row per byte (above)
+  uint8_t qs[4][64];
+};
+struct BlockQ5_1x16 {
+  uint16_t d[16];
+  uint16_t m[16];
+  uint8_t qh[64];
   uint8_t qs[4][64];
 };
 struct BlockQ8_0x16 {
@@ -121,11 +150,15 @@ static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
 static_assert(sizeof(BlockQ4_0x16) == 16 * sizeof(BlockQ4_0), "16 rows of Q4_0, repacked");
 static_assert(sizeof(BlockQ4_1x16) == 16 * sizeof(BlockQ4_1), "16 rows of Q4_1, repacked");
 static_assert(sizeof(BlockQ8_0x16) == 16 * sizeof(BlockQ8_0), "16 rows of Q8_0, repacked");
+static_assert(sizeof(BlockQ5_0x16) == 16 * sizeof(BlockQ5_0), "16 rows of Q5_0, repacked");
+static_assert(sizeof(BlockQ5_1x16) == 16 * sizeof(BlockQ5_1), "16 rows of Q5_1, repacked");
 static_assert(sizeof(BlockQ4_Kx16) == 16 * 148, "16 rows of Q4_K, repacked (scales unpacked)");
 static_assert(sizeof(BlockQ5_Kx16) == 16 * 180, "16 rows of Q5_K, repacked (scales unpacked)");
 static_assert(sizeof(BlockQ6_Kx16) == 16 * sizeof(BlockQ6_K), "16 rows of Q6_K, repacked");
 static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
+static_assert(sizeof(BlockQ5_0) == 22, "ggml block_q5_0 layout");
+static_assert(sizeof(BlockQ5_1) == 24, "ggml block_q5_1 layout");
 static_assert(sizeof(BlockQ4_K) == 144, "ggml block_q4_K layout");
 static_assert(sizeof(BlockQ5_K) == 176, "ggml block_q5_K layout");
 static_assert(sizeof(BlockQ6_K) == 210, "ggml block_q6_K layout");

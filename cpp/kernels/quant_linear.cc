@@ -102,6 +102,7 @@ bool is_quantized_format(WeightFormat f) { return quant_block_size(f) > 0; }
 
 bool is_x16_format(WeightFormat f) {
   return f == WeightFormat::kQ4_0x16 || f == WeightFormat::kQ4_1x16 || f == WeightFormat::kQ8_0x16 ||
+         f == WeightFormat::kQ5_0x16 || f == WeightFormat::kQ5_1x16 ||
          f == WeightFormat::kQ4_Kx16 || f == WeightFormat::kQ5_Kx16 || f == WeightFormat::kQ6_Kx16 ||
          f == WeightFormat::kInt8PerChannelX16;
 }
@@ -117,8 +118,12 @@ int64_t quant_block_size(WeightFormat f) {
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
     case WeightFormat::kQ8_0:
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_1:
     case WeightFormat::kQ4_0x16:
     case WeightFormat::kQ4_1x16:
+    case WeightFormat::kQ5_0x16:
+    case WeightFormat::kQ5_1x16:
     case WeightFormat::kQ8_0x16: return kBlock32;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
@@ -140,6 +145,10 @@ int64_t quant_row_bytes(WeightFormat f, int64_t K) {
     case WeightFormat::kQ4_1x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ4_1));
     case WeightFormat::kQ8_0:
     case WeightFormat::kQ8_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ8_0));
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_0x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ5_0));
+    case WeightFormat::kQ5_1:
+    case WeightFormat::kQ5_1x16: return K / kBlock32 * static_cast<int64_t>(sizeof(BlockQ5_1));
     case WeightFormat::kQ4_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ4_K));
     case WeightFormat::kQ5_K: return K / kBlockK * static_cast<int64_t>(sizeof(BlockQ5_K));
     case WeightFormat::kQ6_K:

@@ -1,5 +1,5 @@
 // Internal: the quantized linear family (linear.h's WeightFormat kInt8PerChannel, kQ8_0, kQ4_0,
-// kQ4_1, kQ4_K, kQ5_K, kQ6_K, and their 16-row repacked forms kQ*x16). linear() hands these formats to quant_linear(), which quantizes x
+// kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, and their 16-row repacked forms kQ*x16). linear() hands these formats to quant_linear(), which quantizes x
 // per block to int8 (as llama.cpp does), runs the per-ISA integer dot-product kernels
 // (quant_linear_<isa>.cc, written once in quant_linear_impl.h) on tasks of rows x weight rows and
 // finishes each task with the dense family's epilogue (bias, SwiGLU, bf16 out).
@@ -18,8 +18,8 @@ namespace kernels {
 
 // True for the formats this family computes (every one but the dense ones).
 bool is_quantized_format(WeightFormat format);
-// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ8_0x16, kQ4_Kx16, kQ5_Kx16, kQ6_Kx16,
-// kInt8PerChannelX16).
+// True for the repacked 16-row formats (kQ4_0x16, kQ4_1x16, kQ5_0x16, kQ5_1x16, kQ8_0x16, kQ4_Kx16,
+// kQ5_Kx16, kQ6_Kx16, kInt8PerChannelX16).
 bool is_x16_format(WeightFormat format);
 // True for kInt8PerChannel and kInt8PerChannelX16 (per-row fp32 scales, x quantized per row).
 bool is_int8_per_channel(WeightFormat format);

@@ -7,8 +7,8 @@
 // the trait's byte ops work per part. For each chunk the kernel unpacks the weights to 32 bytes
 // (unsigned 0..63, or signed int8 for Q8_0 / int8), multiplies them with the 32 int8 activations of
 // the same positions into int32 lanes (maddubs + madd, or vpdpbusd), then:
-//   32-blocks (Q8_0, Q4_0, Q4_1):  acc += float(lanes) * d_w * d_x   (a float FMA per block), and
-//     the offset / minimum of Q4_0 / Q4_1 as one scalar per block: -8 d_w s_x or m_w s_x, with
+//   32-blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):  acc += float(lanes) * d_w * d_x   (a float FMA per block),
+//     and the offset / minimum as one scalar per block: -8 (Q5_0: -16) d_w s_x or m_w s_x, with
 //     s_x = d_x sum(q_x) (QuantizedX.s);
 //   k-quants (Q4_K, Q5_K, Q6_K):    int32 lanes += lanes * (6-bit or int8 sub-block scale) over the
 //     super-block (madd with the scales, free on maddubs), then one float FMA with d * d_x per
@@ -52,7 +52,8 @@ inline const Block* row_blocks(const QuantBlockArgs& a, int64_t n) {
 }
 
 // -- 32-weight blocks -------------------------------------------------------------------------------
-// kKind: 0 = Q8_0 (signed bytes), 1 = Q4_0 (nibble - 8), 2 = Q4_1 (nibble, plus minimum).
+// kKind: 0 = Q8_0 (signed bytes), 1 = Q4_0 (nibble - 8), 2 = Q4_1 (nibble, plus minimum), 3 = Q5_0 (5 bits
+// - 16), 4 = Q5_1 (5 bits, plus minimum). Products of 5-bit weights fit vpmaddubsw's int16 pairs (2 x 31 x 127).
 // Blocks go in groups of kGroup: the group's scale products d_w d_x and offset terms are computed
 // together in short fixed-length loops (vectorised) rather than as scalars between the vector ops.
 #ifndef PC_QUANT_GROUP
@@ -70,6 +71,13 @@ constexpr int kPrefetchTiles = PC_QUANT_PREFETCH_TILES;
 template <class Block, int kKind>
 struct Blocks32 {
   static constexpr bool kWide = true;
+  static constexpr float kOffset = kKind == 3 ? -16.f : -8.f;  // Q5_0's, Q4_0's stored-integer offset
+  template <class B>
+  static uint32_t qh_word(const B& b) {  // Q5_0 / Q5_1: the fifth bits, bit j for weight j
+    uint32_t h;
+    std::memcpy(&h, b.qh, sizeof h);
+    return h;
+  }
   template <int MR, int NR>
   struct Tile {
     const int8_t* xq[MR];
@@ -91,8 +99,8 @@ struct Blocks32 {
         F8 dw[NR], cw[NR];
         for (int j = 0; j < NR; ++j) {
           dw[j] = Q::half8(&w[j][ib0].d, sizeof(Block));
-          if constexpr (kKind == 1) cw[j] = Q::mul8(dw[j], Q::set8(-8.f));
-          else if constexpr (kKind == 2) cw[j] = Q::half8(&w[j][ib0].m, sizeof(Block));
+          if constexpr (kKind == 1 || kKind == 3) cw[j] = Q::mul8(dw[j], Q::set8(kOffset));
+          else if constexpr (kKind == 2 || kKind == 4) cw[j] = Q::half8(&w[j][ib0].m, sizeof(Block));
         }
         for (int r = 0; r < MR; ++r) {
           const F8 xd8 = Q::load8(xd[r] + ib0);
@@ -111,8 +119,8 @@ struct Blocks32 {
             const Block& b = w[j][ib0 + g];
             const float dw = half(b.d);
             float cw = 0.f;
-            if constexpr (kKind == 1) cw = -8.f * dw;
-            else if constexpr (kKind == 2) cw = half(b.m);
+            if constexpr (kKind == 1 || kKind == 3) cw = kOffset * dw;
+            else if constexpr (kKind == 2 || kKind == 4) cw = half(b.m);
             for (int r = 0; r < MR; ++r) {
               sc[r][j][g] = dw * xd[r][ib0 + g];
               corr[r][j] += cw * xs[r][ib0 + g];
@@ -127,6 +135,8 @@ struct Blocks32 {
         V wv[NR];
         for (int j = 0; j < NR; ++j) {
           if constexpr (kKind == 0) wv[j] = Q::load2(w[j][ib].qs, w[j][ib1].qs);
+          else if constexpr (kKind >= 3) wv[j] = Q::or_(Q::nib16(w[j][ib].qs, w[j][ib1].qs),
+                                                        Q::high_bits(qh_word(w[j][ib]), qh_word(w[j][ib1])));
           else wv[j] = Q::nib16(w[j][ib].qs, w[j][ib1].qs);
         }
         for (int r = 0; r < MR; ++r) {
@@ -314,6 +324,10 @@ const QuantIsaKernels kQuantKernels = {{
     /* kDenseF16x16 */ nullptr,
     /* kDenseFp8E4M3 */ nullptr,  // (the dense family's: x stays float)
     /* kDenseFp8E4M3x16 */ nullptr,
+    /* kQ5_0 */ &block<Blocks32<BlockQ5_0, 3>>,
+    /* kQ5_1 */ &block<Blocks32<BlockQ5_1, 4>>,
+    /* kQ5_0x16 */ PC_X16_FN(3),
+    /* kQ5_1x16 */ PC_X16_FN(4),
 }, &x_quant::quantize_rows};
 #undef PC_X16_FN
 #undef PC_X16_Q8_FN

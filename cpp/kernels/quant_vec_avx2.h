@@ -33,6 +33,14 @@ struct QVecAvx2 {
   static V shr_and(V v, int s0, int, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s0)), _mm256_set1_epi8(static_cast<char>(mask)));
   }
+  // Q5_0 / Q5_1: bit i of h (the block's qh) as 16 in byte i: each byte picks its qh byte, then its bit.
+  static V high_bits(uint32_t h0, uint32_t) {
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h0)),
+                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+  }
   static V or_(V a, V b) { return _mm256_or_si256(a, b); }
   static V shl4(V a) { return _mm256_slli_epi16(a, 4); }
   static I dot(V u, V x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)); }
@@ -235,6 +243,7 @@ struct X16Avx2 {
     return acc;
   }
   static I sub(const I& a, const I& b) { return {{_mm256_sub_epi32(a.h[0], b.h[0]), _mm256_sub_epi32(a.h[1], b.h[1])}}; }
+  static I add(const I& a, const I& b) { return {{_mm256_add_epi32(a.h[0], b.h[0]), _mm256_add_epi32(a.h[1], b.h[1])}}; }
   static I shl32(const I& a, int n) {
     const __m128i c = _mm_cvtsi32_si128(n);
     return {{_mm256_sll_epi32(a.h[0], c), _mm256_sll_epi32(a.h[1], c)}};

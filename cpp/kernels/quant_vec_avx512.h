@@ -41,6 +41,10 @@ struct QVecAvx512 {
     // 128-bit lanes [lo0, lo1, hi0, hi1] -> [lo0, hi0, lo1, hi1]
     return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
   }
+  // Q5_0 / Q5_1: bit i of the part's qh as 16 in byte i of the part (a mask register holds both parts).
+  static V high_bits(uint32_t h0, uint32_t h1) {
+    return _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | static_cast<uint64_t>(h1) << 32), _mm512_set1_epi8(16));
+  }
   static V shr_and(V v, int s0, int s1, int mask) {
     const __m512i counts = join(_mm256_set1_epi16(static_cast<short>(s0)), _mm256_set1_epi16(static_cast<short>(s1)));
     return _mm512_and_si512(_mm512_srlv_epi16(v, counts), _mm512_set1_epi8(static_cast<char>(mask)));
@@ -201,6 +205,7 @@ struct X16Avx512 {
   }
   static I mul_add(I acc, I s, I sc) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(s, sc)); }
   static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I shl32(I a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
 };
 

@@ -68,6 +68,13 @@ struct QVecGeneric {
     }
     return r;
   }
+  // Q5_0 / Q5_1: bit i of part p's qh word as 16 in byte 32 p + i.
+  static V high_bits(uint32_t h0, uint32_t h1) {
+    V r;
+    for (int part = 0; part < kS; ++part)
+      for (int i = 0; i < 32; ++i) r.b[32 * part + i] = static_cast<uint8_t>(((part ? h1 : h0) >> i & 1u) << 4);
+    return r;
+  }
   static V shr_and(V v, int s0, int s1, int mask) {
     for (int i = 0; i < kBytes; ++i) v.b[i] = static_cast<uint8_t>((v.b[i] >> (i < 32 ? s0 : s1)) & mask);
     return v;
@@ -316,6 +323,10 @@ struct X16Generic {
   }
   static I sub(I a, const I& b) {
     for (int l = 0; l < 16; ++l) a.v[l] -= b.v[l];
+    return a;
+  }
+  static I add(I a, const I& b) {
+    for (int l = 0; l < 16; ++l) a.v[l] += b.v[l];
     return a;
   }
   static I shl32(I a, int n) {

@@ -1,4 +1,5 @@
-// The repacked 16-row kernels (WeightFormat kQ4_0x16, kQ4_1x16, kQ8_0x16, kInt8PerChannelX16; layouts
+// The repacked 16-row kernels (WeightFormat kQ4_0x16, kQ4_1x16, kQ5_0x16, kQ5_1x16, kQ8_0x16,
+// kInt8PerChannelX16; layouts
 // in quant_blocks.h), written once against a 16-lane trait X and included by quant_linear_impl.h in each
 // per-ISA namespace that defines PC_X16 (the trait) before including it.
 //
@@ -11,8 +12,9 @@
 //
 // Per block b of a row group and row r of x (d_x, s_x = d_x sum(q_x): QuantizedX.d, .s):
 //   out[r, col] += d_w[col] * (d_x * sum_k u[col, k] q_x[k]) + c_w[col] * s_x
-// with u the stored unsigned weights: Q4_0 nibble (c_w = -8 d_w), Q4_1 nibble (c_w = m), Q8_0 q + 128
-// (c_w = -128 d_w): the offset of the stored integer times sum(x) is the s_x term.
+// with u the stored unsigned weights: Q4_0 nibble (c_w = -8 d_w), Q4_1 nibble (c_w = m), Q5_0 5 bits
+// (c_w = -16 d_w), Q5_1 5 bits (c_w = m), Q8_0 q + 128 (c_w = -128 d_w): the offset of the stored integer
+// times sum(x) is the s_x term.
 //
 // Trait X (16 int32 / fp32 lanes):
 //   V (64 weight bytes), I (16 int32), F (16 fp32); kQ8Signed and I dot4_q8(I acc, V u, x4) for the
@@ -70,7 +72,7 @@ struct Dependent {
   using type = T;
 };
 
-// kKind: 0 = Q8_0x16, 1 = Q4_0x16, 2 = Q4_1x16.
+// kKind: 0 = Q8_0x16, 1 = Q4_0x16, 2 = Q4_1x16, 3 = Q5_0x16, 4 = Q5_1x16.
 template <int kKind>
 struct Format;
 template <>
@@ -88,6 +90,24 @@ struct Format<2> {
   using Block = BlockQ4_1x16;
   static constexpr float kOffset = 0.f;  // the minimum m instead
 };
+template <>
+struct Format<3> {
+  using Block = BlockQ5_0x16;
+  static constexpr float kOffset = -16.f;
+};
+template <>
+struct Format<4> {
+  using Block = BlockQ5_1x16;
+  static constexpr float kOffset = 0.f;  // the minimum m instead
+};
+
+// Q5_0x16 / Q5_1x16: the fifth bits of the qs[j] vector's low (bit 2 j of qh's bytes) or high nibbles
+// (bit 2 j + 1) as 16 in each byte: one shift and one mask (quant_blocks.h). A 16-bit shift by at most 4
+// brings bit 4 of each byte from the same byte (the bits that cross bytes are masked off).
+inline X::V fifth_bits(const X::V& qh, int bit) {
+  const X::V at4 = bit < 4 ? X::shl16(qh, 4 - bit) : bit > 4 ? X::shr16(qh, bit - 4) : qh;
+  return X::and8(at4, 16);
+}
 
 // Rows [m, m + MR) of x against the 16 weight rows of `group` (nb blocks): dst[r * ds + l].
 template <int kKind, int MR>
@@ -110,27 +130,43 @@ void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Bloc
     for (int line = 0; line < static_cast<int>(sizeof(Block)); line += 64) __builtin_prefetch(ahead + line);
     const typename X::F dw = X::half16(w.d);
     typename X::F cw;
-    if constexpr (kKind == 2) cw = X::half16(w.m);
+    if constexpr (kKind == 2 || kKind == 4) cw = X::half16(w.m);
     else cw = X::mul_s(dw, Format<kKind>::kOffset);
     typename X::I sum[MR];
     for (int r = 0; r < MR; ++r) sum[r] = X::izero();
+    // The weights of the qs[j] vector: its low nibbles (weights 4 j + t) and high nibbles (16 + 4 j + t),
+    // with their fifth bits for Q5_0 / Q5_1.
+    typename X::V qh{};
+    if constexpr (kKind >= 3) qh = X::load(w.qh);
+    auto weights = [&](int j, typename X::V& lo, typename X::V& hi) {
+      const typename X::V v = X::load(w.qs[j]);
+      lo = X::lo4(v);
+      hi = X::hi4(v);
+      if constexpr (kKind >= 3) {
+        lo = X::or_(lo, fifth_bits(qh, 2 * j));
+        hi = X::or_(hi, fifth_bits(qh, 2 * j + 1));
+      }
+    };
     if constexpr (kKind != 0 && X::kPairs16) {
       using XP = typename Dependent<kKind, X>::type;  // a dependent name: traits without P compile
       // Nibbles on vpmaddubsw: the block's 8 products of byte pairs add up in int16 (each is at most
       // 2 * 15 * 128 = 3840 in magnitude, so 8 of them fit: no saturation, no wrap) and widen to int32
       // once, instead of a vpmaddwd and a vpaddd after each: the same integers, ~30% fewer
-      // instructions on the multiply ports.
-      typename XP::P pairs[MR];
-      for (int r = 0; r < MR; ++r) pairs[r] = XP::pzero();
-      for (int j = 0; j < 4; ++j) {
-        const typename XP::V v = XP::load(w.qs[j]);
-        const typename XP::V lo = XP::lo4(v), hi = XP::hi4(v);
-        for (int r = 0; r < MR; ++r) {
-          pairs[r] = XP::pdot4(pairs[r], lo, xq[r] + b * kBlock32 + 4 * j);
-          pairs[r] = XP::pdot4(pairs[r], hi, xq[r] + b * kBlock32 + 16 + 4 * j);
+      // instructions on the multiply ports. 5-bit weights (2 * 31 * 128 = 7936) widen after every 4.
+      constexpr int kPairsPerWiden = kKind >= 3 ? 2 : 4;  // qs vectors (2 products each) per int16 sum
+      for (int j0 = 0; j0 < 4; j0 += kPairsPerWiden) {
+        typename XP::P pairs[MR];
+        for (int r = 0; r < MR; ++r) pairs[r] = XP::pzero();
+        for (int j = j0; j < j0 + kPairsPerWiden; ++j) {
+          typename XP::V lo, hi;
+          weights(j, lo, hi);
+          for (int r = 0; r < MR; ++r) {
+            pairs[r] = XP::pdot4(pairs[r], lo, xq[r] + b * kBlock32 + 4 * j);
+            pairs[r] = XP::pdot4(pairs[r], hi, xq[r] + b * kBlock32 + 16 + 4 * j);
+          }
         }
+        for (int r = 0; r < MR; ++r) sum[r] = j0 == 0 ? XP::widen(pairs[r]) : XP::add(sum[r], XP::widen(pairs[r]));
       }
-      for (int r = 0; r < MR; ++r) sum[r] = XP::widen(pairs[r]);
     } else if constexpr (kKind == 0) {  // (kQ8Signed: sum(q x) itself, no offset term below)
       for (int j = 0; j < 8; ++j) {
         const typename X::V v = X::load(w.qs[j]);
@@ -138,8 +174,8 @@ void tile(const QuantBlockArgs& a, int64_t m, const typename Format<kKind>::Bloc
       }
     } else {
       for (int j = 0; j < 4; ++j) {
-        const typename X::V v = X::load(w.qs[j]);
-        const typename X::V lo = X::lo4(v), hi = X::hi4(v);
+        typename X::V lo, hi;
+        weights(j, lo, hi);
         for (int r = 0; r < MR; ++r) {
           sum[r] = X::dot4(sum[r], lo, xq[r] + b * kBlock32 + 4 * j);
           sum[r] = X::dot4(sum[r], hi, xq[r] + b * kBlock32 + 16 + 4 * j);

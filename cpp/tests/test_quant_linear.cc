@@ -19,8 +19,9 @@ using namespace pagedcore::kernels;
 
 namespace {
 
-const WeightFormat kFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ4_K,
-                                 WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kInt8PerChannel};
+const WeightFormat kFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ5_0,
+                                 WeightFormat::kQ5_1, WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K,
+                                 WeightFormat::kInt8PerChannel};
 const Isa kQuantIsas[] = {Isa::kGeneric, Isa::kGeneric16, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni,
                           Isa::kAvx512Bf16};
 
@@ -55,6 +56,15 @@ std::vector<double> dequant_row(WeightFormat f, const uint8_t* row, int64_t K, f
       for (int j = 0; j < 16; ++j) {
         y[j] = d * (qs[j] & 15) + m;
         y[j + 16] = d * (qs[j] >> 4) + m;
+      }
+    } else if (f == WeightFormat::kQ5_0 || f == WeightFormat::kQ5_1) {
+      const bool one = f == WeightFormat::kQ5_1;
+      const uint8_t* qh = p + (one ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      const double d = half(read16(p)), m = one ? half(read16(p + 2)) : -16 * d;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * ((qs[j] & 15) | ((qh[j / 8] >> (j % 8) & 1) << 4)) + m;
+        y[j + 16] = d * ((qs[j] >> 4) | ((qh[2 + j / 8] >> (j % 8) & 1) << 4)) + m;
       }
     } else if (f == WeightFormat::kQ4_K || f == WeightFormat::kQ5_K) {
       const double d = half(read16(p)), dmin = half(read16(p + 2));
@@ -100,6 +110,8 @@ std::vector<uint8_t> random_weight(WeightFormat f, int64_t N, int64_t K, std::mt
     case WeightFormat::kQ8_0: fields = {0}; break;
     case WeightFormat::kQ4_0: fields = {0}; break;
     case WeightFormat::kQ4_1: fields = {0, 2}; break;
+    case WeightFormat::kQ5_0: fields = {0}; break;
+    case WeightFormat::kQ5_1: fields = {0, 2}; break;
     case WeightFormat::kQ6_K: fields = {208}; exp = 3; break;
     default: fields = {0, 2}; exp = 5; break;
   }
