@@ -275,7 +275,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
-                    help="auto (the GGUF as stored), float32, bfloat16, or a weight format: q8_0, q4_0, q4_1 "
+                    help="auto (the GGUF as stored), float32, bfloat16, or a weight format: q8_0, q4_0, q4_1, q5_0, "
+                         "q5_1 "
                          "(re-quantized at load), int8_per_channel, fp8 (quantized at load), fp8_bfloat16 "
                          "(the same, bf16 x)")
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 16, 64])

@@ -148,7 +148,7 @@ def _greedy_params(output_len: int):
 
 def load_format(name: str):
     """The default model in one format: a dtype (auto, float32, bfloat16), the GGUF re-quantized to a
-    block format at load (q8_0, q4_0, q4_1), int8_per_channel (W8A8) or fp8 (e4m3 per row, weight-only; the
+    block format at load (q8_0, q4_0, q4_1, q5_0, q5_1), int8_per_channel (W8A8) or fp8 (e4m3 per row, weight-only; the
     dequantised weights quantized at load, --quantization fp8; fp8_bfloat16 the same under bf16 activations).
     The kernels' threading is set for it as an engine would (ops/kernel_threading.py), so the model-level
     sections run as the engine does."""
@@ -156,7 +156,7 @@ def load_format(name: str):
     from pagedcore.loader.requantize import load_requantized
     from pagedcore.ops import kernel_threading
 
-    if name in ("q8_0", "q4_0", "q4_1"):
+    if name in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         loaded = load_requantized(None, name)
     elif name in ("int8_per_channel", "fp8"):
         loaded = load_model(dtype="auto", load_tokenizer=False, quantization=name)

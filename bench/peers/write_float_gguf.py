@@ -1,13 +1,20 @@
-"""A GGUF file with its quantized matrices dequantised and stored as F16 (or BF16 / F32): the default model as
-an unquantized file, for measuring how pagedcore and llama.cpp run float GGUFs (the values are the source
-file's dequantised blocks; 1-D tensors stay as stored). Metadata and tensor order are copied.
+"""A GGUF file with its quantized matrices dequantised and stored as F16 (or BF16 / F32), or re-quantized into
+another 32-weight block type by gguf.quants (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: e.g. the Q5_0 that llama.cpp writes for
+most of a small model's Q4_K_M file): the default model in another type, for measuring how pagedcore and
+llama.cpp run it (the values are the source file's dequantised blocks; 1-D tensors stay as stored). Metadata and
+tensor order are copied.
 
-    .venv/bin/python bench/peers/write_float_gguf.py /tmp/smollm2-135m-f16.gguf [--type F16|BF16|F32] [--src FILE]
+    .venv/bin/python bench/peers/write_float_gguf.py /tmp/smollm2-135m-f16.gguf [--type F16|BF16|F32|Q5_0|...]
+                                                     [--src FILE]
 """
 
 import argparse
 
 import numpy as np
+
+# --type -> gguf.LlamaFileType member of the written file
+_FILE_TYPES = {"F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "F32": "ALL_F32", "Q8_0": "MOSTLY_Q8_0",
+               "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1"}
 
 
 def main() -> None:
@@ -18,7 +25,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
-    parser.add_argument("--type", choices=["F16", "BF16", "F32"], default="F16")
+    parser.add_argument("--type", choices=[*_FILE_TYPES], default="F16")
     parser.add_argument("--src", default=None, help="the source GGUF (default: the bundled default model)")
     args = parser.parse_args()
     target = T[args.type]
@@ -33,14 +40,14 @@ def main() -> None:
         val_type = field.types[0]
         sub_type = field.types[-1] if val_type == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), val_type, sub_type=sub_type)
-    writer.add_file_type({T.F16: gguf.LlamaFileType.MOSTLY_F16, T.BF16: gguf.LlamaFileType.MOSTLY_BF16,
-                          T.F32: gguf.LlamaFileType.ALL_F32}[target])
+    writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[args.type]))
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # float32, numpy row-major shape
         if len(tensor.shape) > 1 and tensor.tensor_type != target:  # a matrix: re-stored as the target type
-            data = values.astype(np.float16) if target == T.F16 else values.astype(np.float32)
-            if target == T.BF16:
-                data = gguf.quants.quantize(values.astype(np.float32), T.BF16)
+            if target in (T.F16, T.F32):
+                data = values.astype(np.float16) if target == T.F16 else values.astype(np.float32)
+            else:  # BF16 and the block types: gguf's reference quantizer (uint8 rows of blocks)
+                data = gguf.quants.quantize(values.astype(np.float32), target)
             writer.add_tensor(tensor.name, data, raw_dtype=target)
         else:
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)

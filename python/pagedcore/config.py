@@ -36,7 +36,7 @@ def quantization_error(name: str) -> str | None:
     """Why --quantization `name` is refused (naming what is supported), or None when it is known."""
     if name in QUANTIZATION_METHODS:
         return None
-    supported = ("gguf (a .gguf file's blocks served as stored: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), "
+    supported = ("gguf (a .gguf file's blocks served as stored: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), "
                  "int8_per_channel (a dense checkpoint quantized to int8 at load), fp8 (an HF folder of fp8 "
                  "weights, or a dense checkpoint quantized to fp8 e4m3 at load), gptq / awq (an HF folder of "
                  "GPTQ / AWQ weights; the marlin kernels are CUDA's, the checkpoint loads as gptq / awq) or "

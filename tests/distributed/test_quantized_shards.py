@@ -237,3 +237,32 @@ def test_one_rank_loads_its_blocks_without_a_collective():
     assert set(shard.weight_bytes) == {"q4_1", "q8_0", "float32"}
     layer = shard.model.model.layers[0]
     assert layer.self_attn.o_proj.in_features == 192 and layer.mlp.down_proj.in_features == 768
+
+
+def test_q5_blocks_cut_on_whole_blocks_of_32(tmp_path):
+    """Q5_0 / Q5_1 (a small model's Q4_K_M / Q5_K_M file) cut like Q4_0: a rank's inputs are whole 32-input blocks
+    of every row, the file's bytes; a cut inside a block is refused."""
+    from gguf import GGMLQuantizationType as T
+
+    from pagedcore.loader import gguf_loader
+    from pagedcore.loader.gguf_dequant import row_bytes
+    from pagedcore.loader.gguf_file import GGUFFile
+
+    from ..quantization.quant_models import write_block_gguf
+
+    path = write_block_gguf(tmp_path / "q5.gguf", "llama", T.Q5_0, {"blk.0.ffn_down.weight": T.Q5_1})
+    gguf = GGUFFile(path)
+    config = gguf_loader.config_from_gguf(gguf, "float32")
+    weights = dict(gguf_loader.weights_from_gguf(gguf, config, keep_blocks=True))
+    for name, fmt, ggml_type in [("model.layers.0.self_attn.o_proj.weight", "q5_0", T.Q5_0),
+                                 ("model.layers.0.mlp.down_proj.weight", "q5_1", T.Q5_1)]:
+        weight = weights[name]
+        assert weight.block_format == fmt
+        N, K = weight.shape
+        blocks = weight.block_rows()  # uint8 [N, row_bytes]
+        block_bytes = row_bytes(ggml_type, 32)
+        cut = weight.narrow(1, 32, K - 64)  # a middle rank's inputs: blocks 1 .. K / 32 - 2 of every row
+        assert torch.equal(cut.block_rows(), blocks[:, block_bytes:(K // 32 - 1) * block_bytes])
+        assert torch.equal(weight.narrow(0, 16, 8).block_rows(), blocks[16:24])
+        with pytest.raises(ValueError, match=rf"{ggml_type.name}, blocks of 32 inputs\) would be cut at inputs"):
+            weight.narrow(1, 48, 32)

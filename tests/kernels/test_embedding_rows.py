@@ -16,7 +16,7 @@ from pagedcore.ops.quant_repack import gather_rows_x16, repack_x16
 
 from .test_quant_linear import _GGML, random_weight
 
-BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 KQUANT_FORMATS = ("q4_k", "q5_k", "q6_k")
 # A k-quant super-block's bytes and its fp16 fields' offsets (quant_blocks.h): Q4_K / Q5_K d, dmin; Q6_K d.
 _KQUANT_BLOCK = {"q4_k": (144, (0, 2)), "q5_k": (176, (0, 2)), "q6_k": (210, (208,))}
@@ -25,12 +25,12 @@ _KQUANT_BLOCK = {"q4_k": (144, (0, 2)), "q5_k": (176, (0, 2)), "q6_k": (210, (20
 def _special_scales(raw: torch.Tensor, fmt: str) -> torch.Tensor:
     """Some blocks' fp16 fields set to subnormals, zero, -0, inf and NaN (the decoder's edge cases)."""
     raw = raw.clone()
-    block_bytes = {"q8_0": 34, "q4_0": 18, "q4_1": 20}[fmt]
+    block_bytes = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}[fmt]
     specials = np.array([6e-8, 3e-5, 0.0, -0.0, np.inf, -np.inf, np.nan, -2.5], dtype=np.float16).view(np.uint8)
     blocks = raw.view(raw.shape[0], -1, block_bytes)
     for i in range(8):
         blocks[i, i % blocks.shape[1], 0:2] = torch.from_numpy(specials[2 * i:2 * i + 2].copy())
-        if fmt == "q4_1":
+        if fmt in ("q4_1", "q5_1"):
             blocks[i + 8, i % blocks.shape[1], 2:4] = torch.from_numpy(specials[2 * i:2 * i + 2].copy())
     return raw
 

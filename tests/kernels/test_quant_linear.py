@@ -29,11 +29,13 @@ from pagedcore.ops.quant_linear import (  # noqa: E402
 
 FORMATS = GGUF_FORMATS + (INT8_FORMAT,)
 _GGML = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
-         "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K, "q6_k": GGMLQuantizationType.Q6_K}
+         "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K, "q6_k": GGMLQuantizationType.Q6_K,
+         "q5_0": GGMLQuantizationType.Q5_0, "q5_1": GGMLQuantizationType.Q5_1}
 # (byte offset, magnitude) of each fp16 field of a block, so the random weights are of order 1.
 _F16_FIELDS = {"q8_0": [(0, 2e-2)], "q4_0": [(0, 0.1)], "q4_1": [(0, 0.1), (2, 0.5)],
-               "q4_k": [(0, 2e-3), (2, 2e-3)], "q5_k": [(0, 1e-3), (2, 1e-3)], "q6_k": [(208, 1e-4)]}
-_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+               "q4_k": [(0, 2e-3), (2, 2e-3)], "q5_k": [(0, 1e-3), (2, 1e-3)], "q6_k": [(208, 1e-4)],
+               "q5_0": [(0, 0.05)], "q5_1": [(0, 0.05), (2, 0.5)]}
+_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 
 # ISA paths of the quantized family (cpu_isa.h's rule): the name, and the CPU flag it needs.
 _ISA_FLAGS = {"generic": None, "generic16": None, "avx2": "avx2+fma+f16c", "avx512": "avx512f+bw+vl+dq",
@@ -186,9 +188,9 @@ def test_w8a8_close_to_fp32_linear():
 
 
 def test_helpers_and_errors():
-    assert [block_size(f) for f in FORMATS] == [32, 32, 32, 256, 256, 256, 1]
+    assert [block_size(f) for f in FORMATS] == [32, 32, 32, 32, 32, 256, 256, 256, 1]
     assert row_bytes("q4_1", 576) == 18 * 20 and row_bytes("q6_k", 512) == 420 and row_bytes(INT8_FORMAT, 7) == 7
-    with pytest.raises(ValueError, match="q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, int8_per_channel"):
+    with pytest.raises(ValueError, match="q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, int8_per_channel"):
         block_size("q3_k")
     with pytest.raises(ValueError, match="blocks of 256 along K; K = 576"):
         row_bytes("q4_k", 576)

@@ -1,4 +1,4 @@
-"""The repacked 16-row kernels (q4_0x16, q4_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16,
+"""The repacked 16-row kernels (q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16,
 int8_per_channelx16: ops/quant_repack.py, cpp/kernels/quant_x16_impl.h, quant_kx16_impl.h) on every
 ISA path that has them: repacking is lossless (unpack gives the file's bytes back), and the kernel
 equals the exact-arithmetic reference of test_quant_linear.py (the same activation quantization: Q8_0
@@ -25,8 +25,8 @@ from .test_quant_linear import _ISA_FLAGS, act_block, make_x, quantize_x, random
 
 _ALL_ISAS = ("generic", "generic16", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
 # ISA paths with a 16-lane kernel, per repacked format.
-_X16_ISAS = {fmt: _ALL_ISAS for fmt in ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16",
-                                       "int8_per_channelx16")}
+_X16_ISAS = {fmt: _ALL_ISAS for fmt in ("q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16",
+                                       "q5_kx16", "q6_kx16", "int8_per_channelx16")}
 # Q8_0x16 sums the stored q + 128 bytes with vpdpbusd (and the portable path) but q itself by the sign
 # trick on AVX2 / AVX-512BW: the same integers, rounded through one FMA fewer. Bits agree within a group.
 _Q8_SIGNED_ISAS = ("avx2", "avx512")
@@ -69,7 +69,8 @@ def test_bytes_per_weight_of_the_repacked_formats():
     minimums become 16 (one byte each): 148 / 180 bytes per 256 weights against 144 / 176; Q6_K's
     int8 scales are bytes already (210)."""
     per_256 = {fmt: row_bytes(REPACKED[fmt], 256) - row_bytes(fmt, 256) for fmt in REPACKED}
-    assert per_256 == {"q4_0": 0, "q4_1": 0, "q8_0": 0, "q4_k": 4, "q5_k": 4, "q6_k": 0, "int8_per_channel": 0}
+    assert per_256 == {"q4_0": 0, "q4_1": 0, "q5_0": 0, "q5_1": 0, "q8_0": 0, "q4_k": 4, "q5_k": 4, "q6_k": 0,
+                       "int8_per_channel": 0}
     assert row_bytes("q4_kx16", 256) / 256 == 0.578125 and row_bytes("q5_kx16", 256) / 256 == 0.703125
 
 
@@ -106,19 +107,20 @@ def test_x16_kernel_matches_reference_and_ggml_layout(fmt, isa, case):
     assert (np.abs(y - ggml_y.double().numpy()) <= 2 * tol).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_0x16", "q4_1x16", "q8_0x16"])
+@pytest.mark.parametrize("fmt", ["q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16"])
 def test_the_32_weight_kernels_give_the_same_bits_on_every_isa(fmt):
     """Integer sums are exact on every path (vpdpbusd; vpmaddubsw pairs summed in int16 for a block's
-    nibbles, then widened; the generic loops) and the float epilogue is the same FMAs per lane: so
-    every ISA gives the same bits. Half the weight rows have every nibble / byte at its maximum and the
-    activations sit at +-127 (the int16 pair sums' worst case)."""
+    nibbles, then widened; 5-bit weights widened after every 4 products; the generic loops) and the float
+    epilogue is the same FMAs per lane: so every ISA gives the same bits. Half the weight rows have every
+    nibble / byte (and fifth bit) at its maximum and the activations sit at +-127 (the int16 pair sums'
+    worst case)."""
     ggml = fmt[:-3]
     N, K = 64, 32 * 9
     rng = np.random.default_rng(7)
     weight, _, _ = random_weight(ggml, N, K, rng)
-    block_bytes = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[ggml]
+    block_bytes = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34}[ggml]
     blocks = weight.view(N, K // 32, block_bytes)
-    first_q = block_bytes - (16 if ggml != "q8_0" else 32)
+    first_q = block_bytes - {"q8_0": 32, "q5_0": 20, "q5_1": 20}.get(ggml, 16)  # (Q5: qh, then qs)
     blocks[: N // 2, :, first_q:] = 0xFF if ggml != "q8_0" else 0x7F
     packed = repack_x16(weight, ggml, K)
     x = make_x(37, K, rng, torch.float32)

@@ -13,7 +13,7 @@ from pagedcore.loader.gguf_dequant import SUPPORTED_TYPES, dequantize, dequantiz
 
 from ..quantization.blocks import random_blocks
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
 K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
 
 
@@ -27,7 +27,7 @@ def test_supported_types_are_the_documented_ones():
     assert set(SUPPORTED_TYPES) == {t.name for t in TYPES + K_QUANTS}
 
 
-@pytest.mark.parametrize("ggml_type", K_QUANTS + [T.Q8_0, T.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", K_QUANTS + [T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
 def test_rows_and_k_quants_equal_the_gguf_reference(ggml_type):
     """k-quants (gguf.quants cannot quantize them: random blocks) into fp32 and bf16, past one
     chunk of rows; and dequantize_rows on gathered rows, as the blocked embedding uses it."""
@@ -49,7 +49,7 @@ def test_dequantize_equals_the_gguf_reference(ggml_type):
     np.testing.assert_array_equal(dequantize(raw, ggml_type, (300, 256)).numpy(), expected)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_1, T.Q5_1], ids=lambda t: t.name)
 def test_many_chunks_and_a_bfloat16_target(ggml_type):
     raw, expected = quantised(ggml_type, shape=(1100, 128), seed=1)  # 4400 blocks: two chunks
     out = torch.empty(1100, 128, dtype=torch.bfloat16)

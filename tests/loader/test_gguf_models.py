@@ -31,6 +31,8 @@ def hf_from_gguf(path):
 @pytest.mark.parametrize("kind, arch, matrix_type", [
     ("llama", "llama", T.Q4_1),
     ("llama", "llama", T.Q4_0),
+    ("llama", "llama", T.Q5_0),
+    ("llama_tied", "llama", T.Q5_1),
     ("llama_tied", "llama", T.Q8_0),
     ("llama_tied", "llama", T.F16),
     ("qwen2", "qwen2", T.Q4_0),

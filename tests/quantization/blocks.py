@@ -11,12 +11,15 @@ from gguf import GGMLQuantizationType as T
 
 # Byte offsets of the fp16 scale fields in one block (llama.cpp ggml-common.h), and the largest
 # |quant * sub-scale| of the format, so d can be drawn for weights of about `scale` in magnitude.
-_F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-_MAX_QUANT = {T.Q8_0: 127, T.Q4_0: 8, T.Q4_1: 15, T.Q4_K: 15 * 3, T.Q5_K: 31 * 3, T.Q6_K: 32 * 3}
+_F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2),
+               T.Q5_K: (0, 2), T.Q6_K: (208,)}
+_MAX_QUANT = {T.Q8_0: 127, T.Q4_0: 8, T.Q4_1: 15, T.Q5_0: 16, T.Q5_1: 31, T.Q4_K: 15 * 3, T.Q5_K: 31 * 3,
+              T.Q6_K: 32 * 3}
 # k-quant sub-block scale bytes, drawn in 1..3 (packed 6-bit scales / mins decode to 0..3; Q6_K's
 # int8 scales to 1..3) so the super-block scale d sets the magnitude.
 _SUB_SCALES = {T.Q4_K: (4, 16), T.Q5_K: (4, 16), T.Q6_K: (192, 208)}
-FORMATS = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K}
+FORMATS = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1, "q4_k": T.Q4_K,
+           "q5_k": T.Q5_K, "q6_k": T.Q6_K}
 
 
 def random_blocks(ggml_type: T, rows: int, cols: int, seed: int = 0, scale: float = 0.1) -> np.ndarray:

@@ -60,6 +60,8 @@ def _int4_model(tmp_path, method, **kwargs):
 MODELS = {
     "q4_1": lambda tmp: _block_model(tmp, "llama", T.Q4_1, {"output.weight": T.Q8_0}),
     "q4_0-tied": lambda tmp: _block_model(tmp, "llama_tied", T.Q4_0, {"token_embd.weight": T.Q8_0}),
+    # a small model's Q4_K_M file: Q5_0 layers (rows not whole super-blocks), a Q5_1 table (lookups, tied head)
+    "q5_0-tied-q5_1": lambda tmp: _block_model(tmp, "llama_tied", T.Q5_0, {"token_embd.weight": T.Q5_1}),
     "qwen2-q8_0-bias": lambda tmp: _block_model(tmp, "qwen2", T.Q8_0),
     "k-quants": _kquant_model,
     "int8_per_channel": _int8_model,
@@ -70,7 +72,7 @@ MODELS = {
     "fp8-block": _fp8_block_model,
 }
 ALWAYS_REPACKED = {"fp8-block"}
-FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "qwen2-q8_0-bias": ["q8_0"],
+FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "q5_0-tied-q5_1": ["q5_0"], "qwen2-q8_0-bias": ["q8_0"],
            "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"],
            "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"], "fp8-block": ["fp8_e4m3"]}
 

@@ -63,7 +63,11 @@ def assert_same_greedy(tokens, logits, ref_tokens, ref_logits):
     ("qwen2", T.Q8_0, None, {"q8_0"}),  # q/k/v biases per part
     ("llama", T.Q4_1, {"blk.0.attn_v.weight": T.Q8_0, "blk.1.ffn_up.weight": T.Q4_0,
                        "blk.2.attn_output.weight": T.F16}, {"q4_1", "q8_0", "q4_0"}),  # mixed shards, a float part
-], ids=["q4_1", "q4_0-tied-q8_0", "qwen2-q8_0", "mixed"])
+    # A small model's Q4_K_M / Q5_K_M file: rows not whole 256-weight super-blocks fall back to Q5_0 / Q5_1
+    ("llama", T.Q5_0, {"output.weight": T.Q8_0, "blk.0.attn_v.weight": T.Q5_1, "blk.1.ffn_up.weight": T.Q5_1},
+     {"q5_0", "q5_1", "q8_0"}),
+    ("llama_tied", T.Q5_1, {"token_embd.weight": T.Q5_0}, {"q5_1", "q5_0"}),  # a Q5_0 table: lookups, tied head
+], ids=["q4_1", "q4_0-tied-q8_0", "qwen2-q8_0", "mixed", "q5_0-mixed-q5_1", "q5_1-tied-q5_0"])
 def test_block_formats_equal_the_oracle(tmp_path, monkeypatch, kind, matrix_type, tensor_types, formats):
     path = quant_models.write_block_gguf(tmp_path / "m.gguf", kind, matrix_type, tensor_types)
     assert_same_as_oracle(path, monkeypatch, formats)

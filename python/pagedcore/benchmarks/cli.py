@@ -125,7 +125,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=512, help="tokens per window; the second half of each is scored")
     p.add_argument("--num-windows", type=int, default=16, help="windows from the start of the text")
     p.add_argument("--variants", nargs="+", default=["fp32", "bf16", "q8_0", "as-stored", "int8_per_channel"],
-                   choices=["fp32", "bf16", "q8_0", "as-stored", "int8_per_channel", "fp8", "fp8-bf16"],
+                   choices=["fp32", "bf16", "q8_0", "q5_1", "q5_0", "as-stored", "int8_per_channel", "fp8", "fp8-bf16"],
                    help="weight formats to score (fp8-bf16: fp8 weights under bf16 activations)")
     p.add_argument("--llamacpp-python", default=None,
                    help="a python with llama-cpp-python (e.g. /tmp/llama-venv/bin/python): llama.cpp's PPL side by side")

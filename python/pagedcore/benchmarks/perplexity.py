@@ -12,8 +12,8 @@ attention, the quantized kernels). bench/peers/perplexity_llamacpp.py scores the
 same way with llama.cpp.
 
 Variants of one GGUF (the default model unless --model): fp32 and bf16 (dequantised at load),
-q8_0 (the dequantised weights re-quantized to Q8_0 with gguf.quants.quantize, run by the Q8_0
-kernels), as-stored (the file's own blocks), int8_per_channel (W8A8 on the dequantised weights), fp8 (the
+q8_0, q5_1, q5_0 (the dequantised weights re-quantized to that block type with gguf.quants.quantize, run
+by its kernels), as-stored (the file's own blocks), int8_per_channel (W8A8 on the dequantised weights), fp8 (the
 dequantised weights quantized to fp8 e4m3 per output row at load, --quantization fp8; weight-only).
 """
 
@@ -30,7 +30,8 @@ import time
 
 TEXT_PACKAGE = "tvm_ffi"
 TEXT_FILE = os.path.join("3rdparty", "libbacktrace", "Isaac.Newton-Opticks.txt")
-VARIANTS = ("fp32", "bf16", "q8_0", "as-stored", "int8_per_channel", "fp8", "fp8-bf16")
+VARIANTS = ("fp32", "bf16", "q8_0", "q5_1", "q5_0", "as-stored", "int8_per_channel", "fp8", "fp8-bf16")
+REQUANTIZED = ("q8_0", "q5_1", "q5_0")  # variants re-quantized from a GGUF's dequantised blocks
 _PEER_SCRIPT = os.path.join("bench", "peers", "perplexity_llamacpp.py")
 
 
@@ -89,10 +90,10 @@ def _engine(model, variant: str, args):
     options = dict(model=model, max_model_len=args.ctx + 1, enable_prefix_caching=False,
                    max_num_seqs=args.max_num_seqs, num_threads=args.num_threads, kv_cache_memory=args.kv_cache_memory,
                    kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
-    if variant == "q8_0":
+    if variant in REQUANTIZED:
         from pagedcore.loader.requantize import load_requantized
 
-        return LLMEngine(EngineConfig(**options), loaded=load_requantized(model, "q8_0"))
+        return LLMEngine(EngineConfig(**options), loaded=load_requantized(model, variant))
     dtype, quantization = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "as-stored": ("auto", None),
                            "int8_per_channel": ("auto", "int8_per_channel"), "fp8": ("auto", "fp8"),
                            "fp8-bf16": ("bfloat16", "fp8")}[variant]
@@ -134,7 +135,7 @@ def cmd_perplexity(args) -> int:
     tokenizer = (tokenizer_from_gguf(source.path, GGUFFile(source.path).metadata) if source.format == "gguf"
                  else tokenizer_from_folder(source.path))
     windows = text_windows(tokenizer, args.ctx, args.num_windows)
-    variants = [v for v in args.variants if source.format == "gguf" or v not in ("q8_0",)]
+    variants = [v for v in args.variants if source.format == "gguf" or v not in REQUANTIZED]
     rows = []
     for variant in variants:
         rows.append(run_variant(source.path, variant, windows, args))

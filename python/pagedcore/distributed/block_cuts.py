@@ -4,7 +4,7 @@ A block holds a run of inputs with one scale, so a row-parallel layer (o_proj, d
 some of its input columns) can only be cut on block boundaries:
 
     format                                  inputs per block   cut at
-    GGUF Q8_0 / Q4_0 / Q4_1                 32                 o_proj: q_rows (whole heads); down_proj:
+    GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1   32                 o_proj: q_rows (whole heads); down_proj:
     GGUF Q4_K / Q5_K / Q6_K                 256                the rank's intermediate range
     GPTQ / AWQ / compressed-tensors int     32 (their groups are whole blocks: loader/integer_weight.py)
     fp8 with block-wise scales              the block's inputs (128); rows on 16-row groups (Fp8Weight)

@@ -4,7 +4,11 @@ Block layouts (llama.cpp ggml-common.h), 32 weights per block:
     Q8_0  [d: f16][q: 32 x int8]                      w = d * q
     Q4_0  [d: f16][qs: 16 bytes]                      w = d * (nibble - 8)
     Q4_1  [d: f16][m: f16][qs: 16 bytes]              w = d * nibble + m
-Nibbles: weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble of qs[j - 16].
+    Q5_0  [d: f16][qh: 4 bytes][qs: 16 bytes]         w = d * (q - 16), q = nibble + 16 * (bit j of qh)
+    Q5_1  [d: f16][m: f16][qh: 4 bytes][qs: 16 bytes] w = d * q + m
+Nibbles: weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble of qs[j - 16]. (Q5_0 / Q5_1
+are what llama.cpp writes for a Q4_K / Q5_K tensor whose rows are not whole 256-weight super-blocks: most
+of the linears of a small model's Q4_K_M / Q5_K_M file, e.g. SmolLM2-135M's 576-wide rows.)
 The k-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 weights with 6- or 8-bit sub-block scales) are
 decoded by gguf.quants (numpy): they are read here only for `--dtype float32|bfloat16` on a k-quant
 file and for embedding rows; serving keeps them packed (layers/linear_quant.py).
@@ -25,13 +29,15 @@ from gguf import quants as gguf_quants
 
 # Plain floats: the file's bytes reinterpreted, no arithmetic.
 FLOAT_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
-_BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20}
+_BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24}
 _K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 _BLOCK_SIZE = 32
+_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # the bits of a byte, for Q5_0 / Q5_1's qh
 _CHUNK_BLOCKS = 4096  # 4096 x 32 fp32 = 512 KB per chunk
 _K_CHUNK_ROWS = 256  # k-quant rows decoded per numpy call (bounded temporaries)
 # ggml type -> the block format name the quantized linear kernels know (ops/quant_linear.py).
-BLOCK_FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k"}
+BLOCK_FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q4_K: "q4_k",
+                 T.Q5_K: "q5_k", T.Q6_K: "q6_k"}
 SUPPORTED_TYPES = tuple(t.name for t in (*FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS))
 
 
@@ -102,10 +108,17 @@ def _decode_blocks(blocks: torch.Tensor, ggml_type: T, out: torch.Tensor) -> Non
         out.copy_(blocks[:, 2:].view(torch.int8))
         out.mul_(scale)
         return
-    qs = blocks[:, 4:] if ggml_type == T.Q4_1 else blocks[:, 2:]  # [n, 16] packed nibbles
+    has_min = ggml_type in (T.Q4_1, T.Q5_1)
+    fifth_bit = ggml_type in (T.Q5_0, T.Q5_1)
+    first_qs = (4 if has_min else 2) + (4 if fifth_bit else 0)
+    qs = blocks[:, first_qs:]  # [n, 16] packed nibbles
     torch.bitwise_and(qs, 0x0F, out=out[:, :16])  # uint8 results, stored as fp32
     torch.bitwise_right_shift(qs, 4, out=out[:, 16:])
-    if ggml_type == T.Q4_0:
-        out.sub_(8.0).mul_(scale)  # nibble - 8 is exact in fp32, then one rounding, like ggml
+    if fifth_bit:  # bit j of the little-endian qh word (byte j // 8, bit j % 8) adds 16 to weight j
+        qh = blocks[:, first_qs - 4:first_qs]  # [n, 4]
+        bits = torch.bitwise_and(torch.bitwise_right_shift(qh[:, :, None], _BIT_SHIFTS), 1)  # [n, 4, 8]
+        out.add_(bits.reshape(-1, 32), alpha=16)  # exact: integers below 32
+    if not has_min:
+        out.sub_(16.0 if fifth_bit else 8.0).mul_(scale)  # q - offset is exact in fp32, then one rounding, like ggml
     else:
         out.mul_(scale).add_(blocks[:, 2:4].view(torch.float16).float())  # d * q + m

@@ -123,6 +123,6 @@ def prequantized_scheme(quantization_config: dict | None,
         return fp8_scheme(quantization_config, path)
     raise ModelLoadError(f"{path} is a pre-quantized {method!r} checkpoint; pagedcore loads GPTQ (4 and 8 bits), "
                          "AWQ (4 bits), fp8 (per-tensor / per-channel) and compressed-tensors int8 / int4 / fp8 "
-                         "checkpoints, serves GGUF files as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and "
-                         "quantizes dense checkpoints at load with --quantization int8_per_channel or fp8: use the "
+                         "checkpoints, serves GGUF files as stored (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) "
+                         "and quantizes dense checkpoints at load with --quantization int8_per_channel or fp8: use the "
                          "model's GGUF, such a checkpoint or its unquantized weights")

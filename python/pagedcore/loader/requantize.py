@@ -19,7 +19,8 @@ from pagedcore.loader.weight_memory import weight_bytes_by_format
 
 # gguf.quants quantizes these (not the k-quants).
 _QUANTIZABLE = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
-                "q4_1": GGMLQuantizationType.Q4_1}
+                "q4_1": GGMLQuantizationType.Q4_1, "q5_0": GGMLQuantizationType.Q5_0,
+                "q5_1": GGMLQuantizationType.Q5_1}
 
 
 class RequantizedWeight:
@@ -42,7 +43,7 @@ class RequantizedWeight:
 
 
 def load_requantized(model: str | os.PathLike | None, target: str) -> LoadedModel:
-    """The GGUF `model` with every quantized tensor re-quantized to `target` (q8_0, q4_0, q4_1)."""
+    """The GGUF `model` with every quantized tensor re-quantized to `target` (q8_0, q4_0, q4_1, q5_0, q5_1)."""
     if target not in _QUANTIZABLE:
         raise ValueError(f"re-quantizing to {target!r}: gguf.quants quantizes {sorted(_QUANTIZABLE)}")
     source = resolve_source(model)

@@ -25,6 +25,8 @@ TABLE_FORMATS = {
     "q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0, "q4_1": _core.WeightFormat.Q4_1,
     "q8_0x16": _core.WeightFormat.Q8_0X16, "q4_0x16": _core.WeightFormat.Q4_0X16,
     "q4_1x16": _core.WeightFormat.Q4_1X16,
+    "q5_0": _core.WeightFormat.Q5_0, "q5_1": _core.WeightFormat.Q5_1, "q5_0x16": _core.WeightFormat.Q5_0X16,
+    "q5_1x16": _core.WeightFormat.Q5_1X16,
     "q4_k": _core.WeightFormat.Q4_K, "q5_k": _core.WeightFormat.Q5_K, "q6_k": _core.WeightFormat.Q6_K,
     "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
     "q6_kx16": _core.WeightFormat.Q6_KX16,

@@ -1,7 +1,7 @@
 """Linear layers on quantized weights, kept quantized (cpp/kernels/quant_linear.h): y = x @ W.T (+ b)
 with W in a GGUF block format (ggml's exact bytes: the loader hands a file's tensor over untouched)
 or int8 per output channel (W8A8). Each call quantizes x per block to int8 as llama.cpp does (Q8_0 /
-Q8_1 blocks of 32 for q8_0, q4_0, q4_1; Q8_K blocks of 256 for the k-quants; one scale per row for
+Q8_1 blocks of 32 for q8_0, q4_0, q4_1, q5_0, q5_1; Q8_K blocks of 256 for the k-quants; one scale per row for
 int8_per_channel) and runs integer dot products (vpmaddubsw on AVX2 / AVX-512BW, vpdpbusd on
 AVX512-VNNI, a portable path elsewhere) with fp32 block-scale accumulation. The bias and the
 SwiGLU epilogue (silu_mul) are the dense kernel's.
@@ -27,11 +27,12 @@ from pagedcore.ops.linear_isa import isa_code
 __all__ = ["FP8_FORMATS", "GGUF_FORMATS", "INT8_FORMAT", "INT8_FORMATS", "QUANT_FORMATS", "SCALED_FORMATS",
            "X16_FORMATS", "QuantLinearKernel", "block_size", "row_bytes", "quantize_int8_per_channel"]
 
-GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+GGUF_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 INT8_FORMAT = "int8_per_channel"
 # GGUF blocks (and int8 rows) repacked at load, 16 weight rows interleaved (ops/quant_repack.py): the same
 # bytes, but for the k-quants' 6-bit scales unpacked to bytes (q4_kx16, q5_kx16: 4 more bytes per 256 weights).
-X16_FORMATS = ("q4_0x16", "q4_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16", "int8_per_channelx16")
+X16_FORMATS = ("q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16",
+               "int8_per_channelx16")
 INT8_FORMATS = (INT8_FORMAT, "int8_per_channelx16")  # int8 [N, K] weights with fp32 scales [N]
 # OCP e4m3 bytes uint8 [N, K] with fp32 scales [N] (W8A16: x stays float), as stored or in the x16 layout
 # [N/16][K][16] (ops/quant_repack.py; the tensor keeps its [N, K] shape).
@@ -40,7 +41,8 @@ SCALED_FORMATS = INT8_FORMATS + FP8_FORMATS  # the formats whose kernels take `s
 QUANT_FORMATS = GGUF_FORMATS + (INT8_FORMAT,) + X16_FORMATS + FP8_FORMATS
 
 # Weights per block along K and bytes per block (ggml's block_q8_0, block_q4_0, ... sizes).
-_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
+_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24),
+           "q5_0x16": (32, 22), "q5_1x16": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176),
            "q6_k": (256, 210), INT8_FORMAT: (1, 1), "q4_0x16": (32, 18), "q4_1x16": (32, 20), "q8_0x16": (32, 34),
            "q4_kx16": (256, 148), "q5_kx16": (256, 180), "q6_kx16": (256, 210), "int8_per_channelx16": (4, 4),
            "fp8_e4m3": (1, 1), "fp8_e4m3x16": (1, 1)}
@@ -51,7 +53,9 @@ FORMAT_ENUMS = {"q8_0": _core.WeightFormat.Q8_0, "q4_0": _core.WeightFormat.Q4_0
           "q4_1x16": _core.WeightFormat.Q4_1X16, "q8_0x16": _core.WeightFormat.Q8_0X16,
           "q4_kx16": _core.WeightFormat.Q4_KX16, "q5_kx16": _core.WeightFormat.Q5_KX16,
           "q6_kx16": _core.WeightFormat.Q6_KX16, "int8_per_channelx16": _core.WeightFormat.INT8_PER_CHANNEL_X16,
-          "fp8_e4m3": _core.WeightFormat.FP8_E4M3, "fp8_e4m3x16": _core.WeightFormat.FP8_E4M3X16}
+          "fp8_e4m3": _core.WeightFormat.FP8_E4M3, "fp8_e4m3x16": _core.WeightFormat.FP8_E4M3X16,
+          "q5_0": _core.WeightFormat.Q5_0, "q5_1": _core.WeightFormat.Q5_1, "q5_0x16": _core.WeightFormat.Q5_0X16,
+          "q5_1x16": _core.WeightFormat.Q5_1X16}
 _EPILOGUE_NONE, _EPILOGUE_SILU_MUL = 0, 1
 
 
@@ -62,7 +66,8 @@ def _check_format(fmt: str) -> str:
 
 
 def block_size(fmt: str) -> int:
-    """Weights per block along K: 32 (q8_0, q4_0, q4_1), 256 (q4_k, q5_k, q6_k), 1 (int8_per_channel, fp8)."""
+    """Weights per block along K: 32 (q8_0, q4_0, q4_1, q5_0, q5_1), 256 (q4_k, q5_k, q6_k), 1 (int8_per_channel,
+    fp8)."""
     return _BLOCKS[_check_format(fmt)][0]
 
 

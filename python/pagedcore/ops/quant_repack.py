@@ -14,6 +14,9 @@ the c-th `unit` bytes of each of the 16 rows (row r's at unit * r).
     format   lane record (bytes: field / unit)                                   ggml block
     q4_0     d 2/2, qs 16/4                                                        18
     q4_1     d 2/2, m 2/2, qs 16/4                                                 20
+    q5_0     d 2/2, qh 4/4, qs 16/4 (qh regrouped: bit 2 j / 2 j + 1 of byte t = the fifth    22
+             bit of weight 4 j + t / 16 + 4 j + t, beside the nibbles of the qs[j] vector)
+    q5_1     d 2/2, m 2/2, qh 4/4, qs 16/4 (qh as q5_0)                                 24
     q8_0     d 2/2, qs 32/4 (stored q + 128: unsigned for vpdpbusd)                34
     q4_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qs 128/4                   148       144
     q5_k     d 2/2, dmin 2/2, sc 8/2, mn 8/2, qh 32/4, qs 128/4          180       176
@@ -57,6 +60,52 @@ def _plus_128(blocks: torch.Tensor) -> torch.Tensor:
 
 def _minus_128(lanes: torch.Tensor) -> torch.Tensor:
     return lanes - 128
+
+
+# Q5_0 / Q5_1's qh regrouped (quant_blocks.h BlockQ5_0x16): bit b of the ggml word (weight b) -> bit
+# _QH_LANE_BIT[b] of lane byte _QH_LANE_BYTE[b]: weight 4 j + t -> byte t, bit 2 j; 16 + 4 j + t -> byte t, bit 2 j + 1.
+_QH_WEIGHT = torch.arange(32)
+_QH_LANE_BYTE = _QH_WEIGHT % 4
+_QH_LANE_BIT = 2 * ((_QH_WEIGHT % 16) // 4) + _QH_WEIGHT // 16
+
+
+def _qh_bits(qh: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 4] (a little-endian word) -> its 32 bits [..., 32], bit b at index b."""
+    return ((qh[..., :, None] >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(*qh.shape[:-1], 32)
+
+
+def _bits_to_bytes(bits: torch.Tensor) -> torch.Tensor:
+    """[..., 32] bits, index 8 i + k = bit k of byte i -> uint8 [..., 4]."""
+    weights = torch.tensor([1 << k for k in range(8)], dtype=torch.uint8)
+    return (bits.reshape(*bits.shape[:-1], 4, 8) * weights).sum(-1, dtype=torch.uint8)
+
+
+def _regroup_qh(qh: torch.Tensor) -> torch.Tensor:
+    """ggml qh [..., 4] -> the lane record's qh [..., 4] (bit 8 byte + bit of the result = weight's bit)."""
+    bits = _qh_bits(qh)
+    out = torch.zeros_like(bits)
+    out[..., _QH_LANE_BYTE * 8 + _QH_LANE_BIT] = bits
+    return _bits_to_bytes(out)
+
+
+def _ungroup_qh(lanes_qh: torch.Tensor) -> torch.Tensor:
+    return _bits_to_bytes(_qh_bits(lanes_qh)[..., _QH_LANE_BYTE * 8 + _QH_LANE_BIT])
+
+
+def _q5_0_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
+    return torch.cat([blocks[..., :2], _regroup_qh(blocks[..., 2:6]), blocks[..., 6:]], dim=-1)
+
+
+def _q5_0_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lanes[..., :2], _ungroup_qh(lanes[..., 2:6]), lanes[..., 6:]], dim=-1)
+
+
+def _q5_1_to_lanes(blocks: torch.Tensor) -> torch.Tensor:
+    return torch.cat([blocks[..., :4], _regroup_qh(blocks[..., 4:8]), blocks[..., 8:]], dim=-1)
+
+
+def _q5_1_from_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lanes[..., :4], _ungroup_qh(lanes[..., 4:8]), lanes[..., 8:]], dim=-1)
 
 
 def _unpack_scales(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +157,8 @@ class _Layout:
 _LAYOUTS = {
     "q4_0": _Layout("q4_0x16", 32, 18, ((2, 2), (16, 4)), _same, _same),
     "q4_1": _Layout("q4_1x16", 32, 20, ((2, 2), (2, 2), (16, 4)), _same, _same),
+    "q5_0": _Layout("q5_0x16", 32, 22, ((2, 2), (4, 4), (16, 4)), _q5_0_to_lanes, _q5_0_from_lanes),
+    "q5_1": _Layout("q5_1x16", 32, 24, ((2, 2), (2, 2), (4, 4), (16, 4)), _q5_1_to_lanes, _q5_1_from_lanes),
     "q8_0": _Layout("q8_0x16", 32, 34, ((2, 2), (32, 4)), _q8_0_to_lanes, _q8_0_from_lanes),
     "q4_k": _Layout("q4_kx16", 256, 144, ((2, 2), (2, 2), (8, 2), (8, 2), (128, 4)), _q45_k_to_lanes,
                     _q45_k_from_lanes),
@@ -163,7 +214,7 @@ def _check(weight: torch.Tensor, fmt: str, K: int) -> tuple[_Layout, int, int]:
 
 
 def repack_x16(weight: torch.Tensor, fmt: str, K: int) -> torch.Tensor:
-    """ggml rows uint8 [N, row_bytes(fmt, K)] of `fmt` (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) -> the
+    """ggml rows uint8 [N, row_bytes(fmt, K)] of `fmt` (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k) -> the
     16-row groups uint8 [N, row_bytes(repacked, K)]; int8_per_channel rows int8 [N, K] -> int8 [N, K];
     fp8_e4m3 rows uint8 [N, K] -> uint8 [N, K] holding the bytes [N/16][K][16]."""
     if fmt not in _ALL_LAYOUTS:
