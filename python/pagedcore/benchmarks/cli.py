@@ -120,7 +120,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=_command("roofline_cmd", "cmd_roofline"))
 
     p = sub.add_parser("perplexity",
-                       help="perplexity of each weight format (fp32, bf16, q8_0, as stored, int8, fp8) on a fixed text")
+                       help="perplexity of each weight format (fp32, bf16, q8_0, q5_1, q5_0, as stored, int8, fp8) on a "
+                            "fixed text")
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: the bundled Q4_1 model)")
     p.add_argument("--ctx", type=int, default=512, help="tokens per window; the second half of each is scored")
     p.add_argument("--num-windows", type=int, default=16, help="windows from the start of the text")
