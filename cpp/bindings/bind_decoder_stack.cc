@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "bindings/bind_common.h"
@@ -11,6 +12,9 @@
 
 namespace pagedcore {
 namespace bindings {
+
+// A linear's weight run after its first (kernels::StackLinearRun): weight pointer, format, scales pointer, rows.
+using LinearRun = std::tuple<uintptr_t, kernels::WeightFormat, uintptr_t, int64_t>;
 
 void bind_decoder_stack(py::module_& m) {
   py::class_<kernels::DecoderStack>(
@@ -22,14 +26,15 @@ void bind_decoder_stack(py::module_& m) {
                        const std::optional<std::vector<std::vector<uintptr_t>>>& scales,
                        const std::optional<std::vector<std::vector<std::optional<std::vector<int64_t>>>>>& lora,
                        const std::optional<std::vector<std::vector<uintptr_t>>>& input_perms,
-                       const std::optional<std::vector<std::vector<int64_t>>>& block_k) {
+                       const std::optional<std::vector<std::vector<int64_t>>>& block_k,
+                       const std::optional<std::vector<std::vector<std::vector<LinearRun>>>>& runs) {
              kernels::DecoderStack s;
              const size_t num_layers = layer_ptrs.size();
              if ((formats && formats->size() != num_layers) || (scales && scales->size() != num_layers) ||
                  (lora && lora->size() != num_layers) || (input_perms && input_perms->size() != num_layers) ||
-                 (block_k && block_k->size() != num_layers))
-               throw py::value_error("linear_formats, linear_scales, lora_stacks, linear_input_perms and "
-                                     "linear_block_k need one entry per layer");
+                 (block_k && block_k->size() != num_layers) || (runs && runs->size() != num_layers))
+               throw py::value_error("linear_formats, linear_scales, lora_stacks, linear_input_perms, "
+                                     "linear_block_k and linear_runs need one entry per layer");
              for (size_t l = 0; l < num_layers; ++l) {
                const auto& v = layer_ptrs[l];
                if (v.size() != 9)
@@ -63,6 +68,22 @@ void bind_decoder_stack(py::module_& m) {
                    if ((*block_k)[l].size() != kernels::kNumStackLinears)
                      throw py::value_error("each layer's linear_block_k has 4 entries: qkv, o_proj, gate_up, down");
                    w.block_k[i] = (*block_k)[l][i];
+                 }
+                 // Rows of other formats after the first run: (weight, format, scales or 0, rows) each.
+                 if (runs) {
+                   if ((*runs)[l].size() != kernels::kNumStackLinears)
+                     throw py::value_error("each layer's linear_runs has 4 entries: qkv, o_proj, gate_up, down");
+                   const std::vector<LinearRun>& later = (*runs)[l][i];
+                   if (later.size() > static_cast<size_t>(kernels::kMaxStackLinearRuns))
+                     throw py::value_error("a linear has at most 3 later weight runs");
+                   w.num_later_runs[i] = static_cast<int>(later.size());
+                   for (size_t r = 0; r < later.size(); ++r) {
+                     kernels::StackLinearRun& run = w.later_runs[i][r];
+                     run.weight = ptr<const void>(std::get<0>(later[r]));
+                     run.format = std::get<1>(later[r]);
+                     run.scales = ptr<const float>(std::get<2>(later[r]));
+                     run.rows = std::get<3>(later[r]);
+                   }
                  }
                  // An act-order layer's int64 [K] input order (0: inputs as they come); Python checks it.
                  if (input_perms) {
@@ -110,7 +131,8 @@ void bind_decoder_stack(py::module_& m) {
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("rms_norm_eps"), py::arg("attn_scale"),
            py::arg("dtype"), py::arg("isa") = -1, py::arg("linear_formats") = py::none(),
            py::arg("linear_scales") = py::none(), py::arg("lora_stacks") = py::none(),
-           py::arg("linear_input_perms") = py::none(), py::arg("linear_block_k") = py::none())
+           py::arg("linear_input_perms") = py::none(), py::arg("linear_block_k") = py::none(),
+           py::arg("linear_runs") = py::none())
       .def(
           "run",
           [](kernels::DecoderStack& s, uintptr_t hidden, uintptr_t residual, int64_t num_tokens, uintptr_t cos_sin,

@@ -63,22 +63,42 @@ Status check(const DecoderStackParams& p) {
     if (!w.input_norm || !w.post_norm || !w.qkv || !w.o_proj || !w.gate_up || !w.down ||
         (w.q_norm == nullptr) != (w.k_norm == nullptr))
       return Status::invalid("decoder_stack: layer " + str(l) + " misses a weight");
-    for (int i = 0; i < kNumStackLinears; ++i) {
-      // A dense weight is read as the activations' dtype; the quantized formats carry their own. Under fp32
-      // activations a dense weight may also be bf16 or fp16, a checkpoint's 16-bit tensor held as stored
-      // (the kernels widen it exactly). fp8 weights take either activation dtype (x widened to fp32).
-      const WeightFormat f = w.format[i].value_or(dense_weight_format(p.dtype));
+    // A dense weight is read as the activations' dtype; the quantized formats carry their own. Under fp32
+    // activations a dense weight may also be bf16 or fp16, a checkpoint's 16-bit tensor held as stored
+    // (the kernels widen it exactly). fp8 weights take either activation dtype (x widened to fp32).
+    auto weight_problem = [&](WeightFormat f, const float* scales) -> std::string {
       const bool held_16bit = p.dtype == DType::kFloat32 &&
                               (is_dense_format_of(f, DType::kBFloat16) || f == WeightFormat::kDenseF16 ||
                                f == WeightFormat::kDenseF16x16);
       if (!is_quantized_format(f) && !is_dense_format_of(f, p.dtype) && !held_16bit &&  // (checkpoint or x16)
           !is_fp8_format(f))
-        return Status::invalid("decoder_stack: layer " + str(l) + " has a " + weight_format_name(f) +
-                               " weight in a stack of " +
-                               (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations");
-      if ((is_int8_per_channel(f) || is_fp8_format(f)) != (w.scales[i] != nullptr))
-        return Status::invalid("decoder_stack: layer " + str(l) + ": per-row scales go with int8_per_channel "
-                               "and fp8 weights, and only with them");
+        return std::string(" has a ") + weight_format_name(f) + " weight in a stack of " +
+               (p.dtype == DType::kFloat32 ? "float32" : "bfloat16") + " activations";
+      if ((is_int8_per_channel(f) || is_fp8_format(f)) != (scales != nullptr))
+        return ": per-row scales go with int8_per_channel and fp8 weights, and only with them";
+      return "";
+    };
+    const int64_t rows_of[kNumStackLinears] = {(p.num_heads + 2 * p.num_kv_heads) * p.head_dim, p.hidden_size,
+                                               2 * p.intermediate_size, p.hidden_size};
+    for (int i = 0; i < kNumStackLinears; ++i) {
+      std::string problem = weight_problem(w.format[i].value_or(dense_weight_format(p.dtype)), w.scales[i]);
+      if (!problem.empty()) return Status::invalid("decoder_stack: layer " + str(l) + problem);
+      const int runs = w.num_later_runs[i];
+      if (runs < 0 || runs > kMaxStackLinearRuns || (runs > 0 && w.block_k[i] > 0))
+        return Status::invalid("decoder_stack: layer " + str(l) + " has " + str(runs) + " later weight runs in a " +
+                               "linear (0 .. " + str(kMaxStackLinearRuns) + ", and none with fp8 block scales)");
+      int64_t later_rows = 0;
+      for (int r = 0; r < runs; ++r) {
+        const StackLinearRun& run = w.later_runs[i][r];
+        if (!run.weight || run.rows <= 0)
+          return Status::invalid("decoder_stack: layer " + str(l) + ": a later weight run has no weight or rows");
+        problem = weight_problem(run.format, run.scales);
+        if (!problem.empty()) return Status::invalid("decoder_stack: layer " + str(l) + problem);
+        later_rows += run.rows;
+      }
+      if (later_rows >= rows_of[i])
+        return Status::invalid("decoder_stack: layer " + str(l) + ": the later weight runs hold " + str(later_rows) +
+                               " of the linear's " + str(rows_of[i]) + " rows; the first run needs some");
     }
   }
   return Status::ok();
@@ -150,8 +170,9 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
   void* tmp = StackWorkspace::get(ws.tmp, T * E * es);       // [T, E] attention block output
   void* act = StackWorkspace::get(ws.act, T * I * es);       // [T, I] SwiGLU output
   const bool lora_step = p.lora.num_segments > 0;
-  // [T, 2 I] gate | up before the SwiGLU: only a LoRA step, whose adapter terms go in between
-  void* gate_up = lora_step ? StackWorkspace::get(ws.gate_up, T * 2 * I * es) : nullptr;
+  // [T, 2 I] gate | up before the SwiGLU: a LoRA step, whose adapter terms go in between, or a gate_up of several
+  // weight runs (layers that need it)
+  void* gate_up = nullptr;
 
   // Linear calls differ in weights, sizes and epilogue only (and an act-order layer's input gather).
   auto linear_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* weight, const void* bias,
@@ -181,7 +202,26 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     lp.x_dtype = lp.bias_dtype = lp.out_dtype = t;
     lp.weight_format = w.format[which].value_or(dense_weight_format(t));
     lp.epilogue = epilogue;
-    return linear(lp, isa);
+    const int runs = w.num_later_runs[which];
+    if (runs == 0) return linear(lp, isa);
+    // Runs of different formats (no SwiGLU epilogue: the caller runs it after): each writes its columns.
+    int64_t first_rows = N;
+    for (int r = 0; r < runs; ++r) first_rows -= w.later_runs[which][r].rows;
+    lp.N = first_rows;
+    Status run_status = linear(lp, isa);
+    int64_t col = first_rows;
+    for (int r = 0; r < runs && run_status.is_ok(); ++r) {
+      const StackLinearRun& run = w.later_runs[which][r];
+      lp.out = at(out, col, t);
+      lp.weight = run.weight;
+      lp.weight_scales = run.scales;
+      lp.weight_format = run.format;
+      lp.bias = bias ? at(const_cast<void*>(bias), col, t) : nullptr;
+      lp.N = run.rows;
+      run_status = linear(lp, isa);
+      col += run.rows;
+    }
+    return run_status;
   };
   // A LoRA step's adapter terms of one linear (x [T, K] -> y [T, N], rows contiguous); else nothing.
   auto lora_call = [&](const DecoderLayerWeights& w, StackLinear which, const void* x, int64_t K, void* y,
@@ -305,7 +345,9 @@ Status decoder_stack(const DecoderStackParams& p, Isa isa) {
     if (!(st = norm_call(w.post_norm, tmp, p.residual, h, T, E, E)).is_ok()) return st;
     clock.mark(kStackNorms);
     // MLP
-    if (lora_step && w.lora[kStackGateUpProj].a_t) {  // gate | up, their adapter terms, then the SwiGLU
+    if ((lora_step && w.lora[kStackGateUpProj].a_t) || w.num_later_runs[kStackGateUpProj] > 0) {
+      // gate | up (their adapter terms), then the SwiGLU
+      gate_up = StackWorkspace::get(ws.gate_up, T * 2 * I * es);
       if (!(st = linear_call(w, kStackGateUpProj, w.gate_up, nullptr, 2 * I, E, h, gate_up, LinearEpilogue::kNone)).is_ok()) return st;
       if (!(st = lora_call(w, kStackGateUpProj, h, E, gate_up, 2 * I)).is_ok()) return st;
       SiluMulParams sp;

@@ -38,6 +38,20 @@ namespace kernels {
 // The four linear layers of a decoder layer, in the order of DecoderLayerWeights' format / scales.
 enum StackLinear { kStackQkvProj = 0, kStackOProjLinear, kStackGateUpProj, kStackDownProj, kNumStackLinears };
 
+// A linear whose rows come in runs of different formats (a GGUF that mixes block types inside one fused layer: a
+// small model's Q4_K_M file holds some layers' q / k in Q5_0 and v in Q8_0, gate in Q5_0 and up in Q4_K): the runs
+// after the first, in row order. The first run is DecoderLayerWeights' own fields for the linear (weight, format,
+// scales) over the rows the later runs leave. Each run is one kernel call writing its columns of the output, as
+// the layer loop runs the layer's parts; a gate_up with later runs writes gate | up, then the SwiGLU (silu_mul.h,
+// the layer loop's call for such a layer too).
+struct StackLinearRun {
+  const void* weight = nullptr;                   // the run's rows, in `format`
+  WeightFormat format = WeightFormat::kDenseF32;
+  const float* scales = nullptr;                  // [rows] fp32 (int8 per channel, fp8), else nullptr
+  int64_t rows = 0;
+};
+constexpr int kMaxStackLinearRuns = 3;  // later runs per linear (a fused layer has at most 3 shards)
+
 // One layer's weights, bound once at load. Norms and biases are contiguous in the stack's dtype;
 // each linear weight is stored as its `format` says: unset, dense rows of the stack's dtype;
 // otherwise a quantized format of linear.h (GGUF blocks as stored, or int8 per channel with its
@@ -63,6 +77,9 @@ struct DecoderLayerWeights {
   const int64_t* input_perm[kNumStackLinears] = {};
   // Each linear's LoRA slot stacks (in: its K, out: its N); a_t == nullptr: no adapter terms there.
   LoRAStacks lora[kNumStackLinears];
+  // Rows of another format after the first run (above); none in the usual layer.
+  StackLinearRun later_runs[kNumStackLinears][kMaxStackLinearRuns];
+  int num_later_runs[kNumStackLinears] = {};
 };
 
 struct DecoderStackParams {

@@ -94,6 +94,32 @@ TEST(greedy_decoder_equals_the_kernels_one_by_one) {
   CHECK(cache_a == cache_b);
 }
 
+// A linear held in runs (a GGUF mixing block types inside one fused layer): each run is its own kernel call over its
+// columns, gate_up's SwiGLU after both. Split into runs of the same format, the layer computes what one run does.
+TEST(a_linear_split_into_runs_equals_the_one_run_layer) {
+  TinyModel whole, split;
+  DecoderLayerWeights& w = split.stack.layers[0];
+  const int64_t v_rows = Hkv * D, qk_rows = (H + Hkv) * D;
+  w.num_later_runs[kStackQkvProj] = 1;  // q | k, then v
+  w.later_runs[kStackQkvProj][0] = {split.qkv.data() + qk_rows * E, WeightFormat::kDenseF32, nullptr, v_rows};
+  w.num_later_runs[kStackGateUpProj] = 1;  // gate, then up: the SwiGLU runs on the stored gate | up
+  w.later_runs[kStackGateUpProj][0] = {split.gate_up.data() + I * E, WeightFormat::kDenseF32, nullptr, I};
+  std::vector<float> cache_whole = empty_cache(), cache_split = empty_cache();
+  for (const Step& step : {Step({{0, 3}, {0, 5}}, 11), Step({{3, 1}, {5, 1}}, 4)}) {
+    const std::vector<int64_t> rows = {0, 1};
+    CHECK(reference_logits(split, step, cache_split, rows) == reference_logits(whole, step, cache_whole, rows));
+    CHECK(cache_split == cache_whole);
+  }
+  w.later_runs[kStackGateUpProj][0].rows = 2 * I;  // the first run would have no rows
+  const Step step({{0, 1}}, 3);
+  std::vector<float> cache = empty_cache();
+  DecoderStackParams p = step.params(cache);
+  std::vector<float> hidden(E, 0.5f), residual(E), cos_sin(D, 1.f);
+  p.hidden = hidden.data(), p.residual = residual.data(), p.cos_sin = cos_sin.data();
+  const Status st = split.stack.run(p);
+  CHECK(!st.is_ok() && st.message.find("the first run needs some") != std::string::npos);
+}
+
 TEST(decode_threading_changes_threads_not_tokens) {
   TinyModel m;
   const Threading before = active_threading();

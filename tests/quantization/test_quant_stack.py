@@ -2,8 +2,9 @@
 against the Python layer loop it stands in for: both call the same quantized kernels with the same activations,
 so a step's hidden states, residual and every cache slot are equal bit for bit (decode, a mixed
 step with padding, one token, and a step past the dense stack's row limit). A layer that mixes
-formats inside one fused linear, or holds a float tensor of the file, makes the stack decline,
-naming the layer."""
+block formats inside one fused linear (a small model's Q4_K_M file: Q5_0 q / k with a Q8_0 v) runs one kernel
+call per format in both; a float tensor of the file beside quantized ones makes the stack decline, naming the
+layer."""
 
 from __future__ import annotations
 
@@ -62,6 +63,10 @@ MODELS = {
     "q4_0-tied": lambda tmp: _block_model(tmp, "llama_tied", T.Q4_0, {"token_embd.weight": T.Q8_0}),
     # a small model's Q4_K_M file: Q5_0 layers (rows not whole super-blocks), a Q5_1 table (lookups, tied head)
     "q5_0-tied-q5_1": lambda tmp: _block_model(tmp, "llama_tied", T.Q5_0, {"token_embd.weight": T.Q5_1}),
+    # fused layers of two formats (as llama.cpp's Q4_K_M writes them): a qkv of Q5_0 q / k and a Q8_0 v, a gate_up
+    # of a Q5_0 gate and a Q4_0 up (each part its own kernel call; the gate_up's SwiGLU after both)
+    "mixed-parts": lambda tmp: _block_model(tmp, "llama", T.Q5_0, {"blk.0.attn_v.weight": T.Q8_0,
+                                                                  "blk.1.ffn_up.weight": T.Q4_0}),
     "qwen2-q8_0-bias": lambda tmp: _block_model(tmp, "qwen2", T.Q8_0),
     "k-quants": _kquant_model,
     "int8_per_channel": _int8_model,
@@ -73,6 +78,7 @@ MODELS = {
 }
 ALWAYS_REPACKED = {"fp8-block"}
 FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "q5_0-tied-q5_1": ["q5_0"], "qwen2-q8_0-bias": ["q8_0"],
+           "mixed-parts": ["q5_0", "q8_0", "q4_0"],
            "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"],
            "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"], "fp8-block": ["fp8_e4m3"]}
 
@@ -116,13 +122,12 @@ def test_the_engine_path_uses_the_stack_and_matches_the_loop(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("tensor_types, reason", [
-    ({"blk.0.attn_v.weight": T.Q8_0}, "layer 0 self_attn.qkv_proj has 2 weight parts"),
-    ({"blk.1.ffn_up.weight": T.Q4_0}, "layer 1 mlp.gate_up_proj has 2 weight parts"),
     # A float shard beside quantized ones in one fused layer (a whole float layer is a dense one the stack runs:
-    # tests/quantization/test_gguf_float_layers.py).
-    ({"blk.2.attn_v.weight": T.F16}, "layer 2 self_attn.qkv_proj has 2 weight parts"),
+    # tests/quantization/test_gguf_float_layers.py; two block formats run: "mixed-parts" above).
+    ({"blk.2.attn_v.weight": T.F16}, "layer 2 self_attn.qkv_proj has a 'float32' part"),
+    ({"blk.1.ffn_up.weight": T.F32}, "layer 1 mlp.gate_up_proj has a 'float32' part"),
 ])
-def test_a_layer_of_two_formats_makes_the_stack_decline(tmp_path, tensor_types, reason):
+def test_a_float_part_beside_blocks_makes_the_stack_decline(tmp_path, tensor_types, reason):
     model = _block_model(tmp_path, "llama", T.Q4_1, tensor_types)
     status = model.decoder_stack_status
     assert not status.supported and reason in status.reason, status.reason

@@ -32,6 +32,20 @@ from pagedcore.ops.linear import max_rows
 from pagedcore.ops.quant_linear import FORMAT_ENUMS
 
 
+@dataclasses.dataclass(frozen=True)
+class StackRun:
+    """Rows of a linear after its first run, in another format (cpp/kernels/decoder_stack.h StackLinearRun): a
+    layer of several quantized parts (a GGUF mixing block types inside one fused layer)."""
+
+    weight: torch.Tensor  # the part's bytes, as ops/quant_linear.py's format holds them
+    format: str
+    scales: torch.Tensor | None  # fp32 [rows] (int8_per_channel, fp8_e4m3), else None
+    rows: int
+
+
+MAX_LATER_RUNS = 3  # cpp/kernels/decoder_stack.h kMaxStackLinearRuns
+
+
 @dataclasses.dataclass
 class LayerTensors:
     """One layer's weights, as DecoderStack reads them (all contiguous, one dtype)."""
@@ -60,6 +74,9 @@ class LayerTensors:
     lora: tuple[object | None, ...] = (None, None, None, None)
     # Per linear: an act-order GPTQ layer's input order, int64 [K] (the stack multiplies x[:, perm]), or None.
     input_perms: tuple[torch.Tensor | None, ...] = (None, None, None, None)
+    # Per linear: its parts after the first where it holds several formats (the tensor, format and scales above
+    # are then the first part's, over its rows only), else ().
+    later_runs: tuple[tuple[StackRun, ...], ...] = ((), (), (), ())
 
 
 # Model dtype -> the dense weight format the stack reads at that dtype (dense, its dtype code).
@@ -85,9 +102,23 @@ LINEAR_LEAVES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "
 LINEAR_FIELDS = ("qkv", "o_proj", "gate_up", "down")  # LayerTensors fields of LINEAR_LEAVES, the binding's order
 
 
+def stack_weight(linear: Linear) -> torch.Tensor:
+    """The tensor the stack reads as a linear's weight: its first part's where the layer holds several formats
+    (its `weight` is then empty; the other parts are later runs), else the layer's weight."""
+    parts = getattr(linear, "quant_parts", None)
+    return parts[0].weight if isinstance(linear.method, QuantLinearMethod) and parts and len(parts) > 1 \
+        else linear.weight
+
+
+def _later_runs(linear: Linear) -> tuple[StackRun, ...]:
+    if not isinstance(linear.method, QuantLinearMethod) or len(linear.quant_parts) < 2:
+        return ()
+    return tuple(StackRun(p.weight, p.format, p.scales, p.num_rows) for p in linear.quant_parts[1:])
+
+
 def _linear_format(linear: Linear) -> tuple[str | None, torch.Tensor | None, int | None]:
     """(quantized format or None for dense, int8_per_channel / fp8 scales or None, fp8 block_k or None) of a
-    layer the stack runs."""
+    layer the stack runs (of its first part where it holds several)."""
     if isinstance(linear.method, QuantLinearMethod):
         part = linear.quant_parts[0]
         return part.format, part.scales, part.block_k
@@ -113,15 +144,19 @@ def layer_tensors(layer) -> LayerTensors:
     params = dict(layer.named_parameters())
     formats = [_linear_format(layer.get_submodule(name)) for name in LINEAR_LEAVES]
     for name in LINEAR_LEAVES:  # a repacked dense weight: the stack reads the x16 copy the layer's kernel reads
-        packed = current_x16_weight(layer.get_submodule(name))
+        linear = layer.get_submodule(name)
+        packed = current_x16_weight(linear)
         if packed is not None:
             params[name + ".weight"] = packed
+        elif _later_runs(linear):  # several formats: the first part's tensor, then the later runs
+            params[name + ".weight"] = stack_weight(linear)
     return LayerTensors(**{field: params.get(name) for name, field in LAYER_PARAMS.items()},
                         formats=tuple(f for f, _, _ in formats), scales=tuple(sc for _, sc, _ in formats),
                         block_k=tuple(bk for _, _, bk in formats),
                         lora=tuple(getattr(layer.get_submodule(name), "lora", None) for name in LINEAR_LEAVES),
                         input_perms=tuple(getattr(layer.get_submodule(name), "input_perm", None)
-                                          for name in LINEAR_LEAVES))
+                                          for name in LINEAR_LEAVES),
+                        later_runs=tuple(_later_runs(layer.get_submodule(name)) for name in LINEAR_LEAVES))
 
 
 def stack_shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -162,7 +197,8 @@ class DecoderStack:
         row_dtypes = {dtype} | {DENSE_FORMAT_DTYPES[fmt] for fmt in fmts if fmt in HELD_ROW_FORMATS.values()}
         self.max_rows = (min(QUANT_STACK_MAX_ROWS, X16_MAX_ROWS) if own_kernel_only else
                          min(max_rows(row_dtype) for row_dtype in row_dtypes))
-        self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats})
+        self.formats = sorted({fmt or STACK_WEIGHT_FORMATS[dtype] for layer in layers for fmt in layer.formats}
+                              | {run.format for layer in layers for runs in layer.later_runs for run in runs})
         # The LoRA hooks' shared step batch (LoRABatchRef), or None without hooks; their slot stacks
         # are bound below (kept alive by the hooks, filled in place by the LoRAManager).
         hooks = [hook for layer in layers for hook in layer.lora if hook is not None]
@@ -184,6 +220,9 @@ class DecoderStack:
         self._scales = [layer.scales for layer in layers]  # kept alive with the weights
         perms = [[0 if perm is None else perm.data_ptr() for perm in layer.input_perms] for layer in layers]
         block_k = [[bk or 0 for bk in layer.block_k] for layer in layers]
+        runs = [[[(run.weight.data_ptr(), enums[run.format], 0 if run.scales is None else run.scales.data_ptr(),
+                   run.rows) for run in linear_runs] for linear_runs in layer.later_runs] for layer in layers]
+        any_runs = any(linear_runs for layer in layers for linear_runs in layer.later_runs)
         any_blocks = any(bk for layer in block_k for bk in layer)
         any_perm = any(perm is not None for layer in layers for perm in layer.input_perms)
         self._layers = layers  # keeps alive what the stack points at (an x16 repack: the X16Weight's packed)
@@ -192,7 +231,8 @@ class DecoderStack:
                                          linear_formats=formats, linear_scales=scales,
                                          lora_stacks=lora_stacks if hooks else None,
                                          linear_input_perms=perms if any_perm else None,
-                                         linear_block_k=block_k if any_blocks else None)
+                                         linear_block_k=block_k if any_blocks else None,
+                                         linear_runs=runs if any_runs else None)
 
     def set_profiling(self, on: bool) -> None:
         """Time every op inside the stack (a benchmark aid; ~1 us a step)."""
@@ -204,7 +244,8 @@ class DecoderStack:
         return dict(self._stack.profile(reset))
 
     def matches(self, qkv_weight: torch.Tensor) -> bool:
-        """Still bound to the model's weights (False after model.to() or a reload into new tensors)."""
+        """Still bound to the model's weights (False after model.to() or a reload into new tensors): qkv_weight is
+        stack_weight(the first layer's qkv_proj)."""
         # A repacked weight (X16Weight) has no [N, K] memory: its bytes are the x16 layout the stack reads.
         ptr = qkv_weight.held_data_ptr() if isinstance(qkv_weight, X16Weight) else qkv_weight.data_ptr()
         return ptr == self._anchor_ptr and qkv_weight.dtype == self._anchor.dtype

@@ -13,6 +13,7 @@ import torch
 
 from pagedcore.layers.attention import Attention
 from pagedcore.layers.decoder_stack import (DENSE_FORMAT_DTYPES, HELD_ROW_FORMATS, LAYER_PARAMS, LINEAR_FIELDS,
+                                            MAX_LATER_RUNS,
                                             LINEAR_LEAVES, STACK_WEIGHT_FORMATS, LayerTensors, layer_tensors,
                                             stack_shapes)
 from pagedcore.layers.layernorm import RMSNorm
@@ -124,15 +125,20 @@ def _linear_format_problem(linear: Linear, dtype: torch.dtype) -> str:
         return f"returns {linear.out_dtype}, not the layer dtype"
     if isinstance(linear.method, QuantLinearMethod):
         parts = linear.quant_parts
-        if len(parts) != 1 or parts[0].num_rows != linear.out_features:
-            return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs one format per "
-                    "layer (a file that mixes block types inside one fused layer runs the Python layer loop)")
-        fmt = parts[0].format
-        if fmt in STACK_QUANT_FORMATS:
-            return ""
-        # A float part left beside no other part (a whole float layer becomes dense at load) runs torch's
-        # F.linear in the layer (other rounding than the stack's dense kernel): not worth a rule.
-        return f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs {sorted(STACK_QUANT_FORMATS)}"
+        if sum(p.num_rows for p in parts) != linear.out_features:
+            return f"has {sum(p.num_rows for p in parts)} of its {linear.out_features} rows loaded"
+        # Several parts (a file mixing block types inside one fused layer: a small model's Q4_K_M holds q / k in
+        # Q5_0 and v in Q8_0) run as the first part and later runs of other formats, one kernel call each.
+        if len(parts) > 1 + MAX_LATER_RUNS or (len(parts) > 1 and any(p.block_k is not None for p in parts)):
+            return (f"has {len(parts)} weight parts ({[p.format for p in parts]}); the stack runs at most "
+                    f"{1 + MAX_LATER_RUNS}, none with fp8 block scales")
+        for fmt in (p.format for p in parts):
+            if fmt not in STACK_QUANT_FORMATS:
+                # A float part beside quantized parts runs torch's F.linear in the layer (other rounding than the
+                # stack's dense kernel); a whole float layer became dense at load.
+                return (f"has a {fmt!r} part (a float tensor in a quantized file); the stack runs "
+                        f"{sorted(STACK_QUANT_FORMATS)}")
+        return ""
     if dtype is torch.float32 and linear.method in HELD_16BIT_METHODS.values():
         return ""  # a checkpoint's bf16 / fp16 tensor held as stored: the kernels widen it under fp32 x
     if linear.method.format != STACK_WEIGHT_FORMATS[dtype]:
@@ -149,6 +155,7 @@ def _stored_shape(field: str, shape: tuple[int, ...], dtype: torch.dtype, layer:
         fmt = layer.formats[LINEAR_FIELDS.index(field)]
         if fmt is not None:
             n, k = shape
+            n -= sum(run.rows for run in layer.later_runs[LINEAR_FIELDS.index(field)])  # the first run's rows
             if fmt in _X16_NAMES:
                 weight_dtype = DENSE_FORMAT_DTYPES[fmt]  # (the model's, or a held 16-bit tensor's)
                 return packed_shape(n, k, weight_dtype), weight_dtype
@@ -172,8 +179,13 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
             if t.shape != shape or t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
                 return (f"layer {index} {field}: {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: "
                         f"{t.is_contiguous()}); DecoderStack needs a contiguous CPU {want} tensor of shape {shape}")
+        for runs, field in zip(layer.later_runs, LINEAR_FIELDS):
+            problem = _runs_problem(runs, field, shapes[field], dtype, layer)
+            if problem:
+                return f"layer {index} {field}: {problem}"
         for fmt, scales, block_k, field in zip(layer.formats, layer.scales, layer.block_k, LINEAR_FIELDS):
             rows, cols = shapes[field][:2]
+            rows -= sum(run.rows for run in layer.later_runs[LINEAR_FIELDS.index(field)])  # the first run's
             want = (rows,) if block_k is None else (rows // 16, -(-cols // block_k))  # (block-wise: per 16 rows)
             if block_k is not None and fmt != "fp8_e4m3x16":
                 return f"layer {index} {field}: block-wise scales go with fp8_e4m3x16 weights, not {fmt}"
@@ -194,6 +206,27 @@ def tensor_problem(layers: list[LayerTensors], shapes: dict[str, tuple[int, ...]
             problem = _lora_problem(hook, *shapes[field])
             if problem:
                 return f"layer {index} {field} LoRA stacks: {problem}"
+    return ""
+
+
+def _runs_problem(runs, field: str, shape: tuple[int, ...], dtype: torch.dtype, layer: LayerTensors) -> str:
+    """Why the stack cannot read a linear's later weight runs ("" if it can, or there are none)."""
+    if not runs:
+        return ""
+    rows, cols = shape
+    if len(runs) > MAX_LATER_RUNS or sum(run.rows for run in runs) >= rows:
+        return f"{len(runs)} later weight runs of {sum(run.rows for run in runs)} rows in a linear of {rows}"
+    for run in runs:
+        if run.format not in STACK_QUANT_FORMATS:
+            return f"a later weight run in {run.format!r}; the stack runs {sorted(STACK_QUANT_FORMATS)} there"
+        want = ((run.rows, row_bytes(run.format, cols)), torch.int8 if run.format in INT8_FORMATS else torch.uint8)
+        t = run.weight
+        if tuple(t.shape) != want[0] or t.dtype != want[1] or not t.is_contiguous() or t.device.type != "cpu":
+            return f"a later weight run is {tuple(t.shape)} {t.dtype}; the stack reads contiguous CPU {want}"
+        sc = run.scales
+        if (run.format in SCALED_FORMATS) != (sc is not None) or (sc is not None and (
+                sc.dtype != torch.float32 or tuple(sc.shape) != (run.rows,) or not sc.is_contiguous())):
+            return f"a later {run.format} run's scales must be contiguous fp32 [{run.rows}] (and only where scaled)"
     return ""
 
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedcore.layers import held_weights
+from pagedcore.layers.activation import silu_mul
 from pagedcore.layers.linear import Linear, LinearMethod
 from pagedcore.layers.weights import CheckpointTensor, copy_weight
 
@@ -178,8 +179,10 @@ class QuantLinearMethod(LinearMethod):
             y = _run_part(parts[0], layer, x2, silu_mul=True)  # SwiGLU in the kernel's epilogue
             return y.view(*x.shape[:-1], y.shape[-1])
         gate_up = self.apply(layer, x)  # [num_tokens, out]: gate and up in different formats
-        half = gate_up.shape[-1] // 2
-        return F.silu(gate_up[..., :half]).mul_(gate_up[..., half:])
+        # The kernel epilogue's SwiGLU on its own (cpp/kernels/silu_mul.h): what the C++ decoder stack runs after
+        # such a layer's runs, so the two paths give the same bits.
+        act = silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))  # [num_tokens, out / 2]
+        return act.view(*gate_up.shape[:-1], act.shape[-1])
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         """A layer that is one float tensor (a GGUF's F16 / BF16 / F32 matrix; a GPTQ / AWQ / compressed-tensors

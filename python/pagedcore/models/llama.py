@@ -24,7 +24,7 @@ from torch import nn
 from pagedcore.distributed.intermediate_tensors import IntermediateTensors
 from pagedcore.layers import (Attention, AttentionMetadata, Linear, MergedLinear, RMSNorm,
                               RotaryEmbedding, VocabEmbedding, apply_rotary_emb)
-from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_batch_of
+from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, lora_batch_of, stack_weight
 from pagedcore.layers.decoder_stack_support import StackSupport, decoder_stack_support
 from pagedcore.layers.embedding import VocabParallelEmbedding
 from pagedcore.layers.held_weights import hold_16bit_enabled
@@ -230,7 +230,7 @@ class LlamaModel(nn.Module):
         """The C++ stack over these layers' weights; None where it does not run them all
         (decoder_stack_status says why). Decided again when the weights move (model.to())."""
         stack = self._stack
-        if stack is not None and stack.matches(self.layers[0].self_attn.qkv_proj.weight):
+        if stack is not None and stack.matches(stack_weight(self.layers[0].self_attn.qkv_proj)):
             return stack
         if self._stack_key != self._weights_key():
             self.refresh_decoder_stack()

@@ -28,7 +28,7 @@ import logging
 import numpy as np
 import torch
 
-from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors
+from pagedcore.layers.decoder_stack import DecoderStack, layer_tensors, stack_weight
 from pagedcore.spec_decode.draft_proposer import DraftProposer
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class LayerSkipDraft:
         inner = self.model.model
         if not inner.decoder_stack_status.supported:
             return None
-        if self._stack is None or not self._stack.matches(inner.layers[0].self_attn.qkv_proj.weight):
+        if self._stack is None or not self._stack.matches(stack_weight(inner.layers[0].self_attn.qkv_proj)):
             cfg = inner.config
             self._stack = DecoderStack([layer_tensors(layer) for layer in inner.layers[:self.num_layers]],
                                        hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
