@@ -187,10 +187,10 @@ class QuantLinearMethod(LinearMethod):
     def process_weights_after_loading(self, layer: Linear) -> None:
         """A layer that is one float tensor (a GGUF's F16 / BF16 / F32 matrix; a GPTQ / AWQ / compressed-tensors
         checkpoint's unquantized one) becomes a dense layer (_become_dense). Otherwise repacks each GGUF part
-        (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into the x16 layout where this CPU has its
-        kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x the ggml layout's rate at 128 rows and 1.6x at one
-        row on Zen 5, the k-quants 5x at one row), once, replacing the file's bytes (the same bytes; the k-quants' scales unpacked,
-        +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
+        (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) of whole 16-row groups into the x16 layout where this CPU
+        has its kernel (ops/quant_repack.py: AVX2, AVX-512; Q4_1 6x the ggml layout's rate at 128 rows and 1.6x at
+        one row on Zen 5, the k-quants 5x at one row), once, replacing the file's bytes (the same bytes; the
+        k-quants' scales unpacked, +2.8% for Q4_K). A part of another row count keeps the file layout. PAGEDCORE_QUANT_REPACK=0
         keeps the file's layout everywhere (for A/B measurements) but for block-scaled fp8 (x16 kernel only)."""
         parts = layer.quant_parts
         if (self.format in BLOCK_METHODS and len(parts) == 1 and parts[0].format == _DENSE_PART
