@@ -266,3 +266,25 @@ def test_q5_blocks_cut_on_whole_blocks_of_32(tmp_path):
         assert torch.equal(weight.narrow(0, 16, 8).block_rows(), blocks[16:24])
         with pytest.raises(ValueError, match=rf"{ggml_type.name}, blocks of 32 inputs\) would be cut at inputs"):
             weight.narrow(1, 48, 32)
+
+
+def test_converted_types_cut_on_their_file_blocks(tmp_path):
+    """Q3_K / IQ4_NL (held as Q6_K / Q8_0, loader/gguf_held_as.py): a rank's cut takes whole blocks of the file and
+    converts them, giving the one-process held blocks of its inputs."""
+    from pagedcore.loader import gguf_loader
+    from pagedcore.loader.gguf_file import GGUFFile
+
+    from ..quantization.quant_models import CONVERTED_TYPES, write_kquant_gguf
+
+    gguf = GGUFFile(write_kquant_gguf(tmp_path / "c.gguf", CONVERTED_TYPES))
+    config = gguf_loader.config_from_gguf(gguf, "float32")
+    weights = dict(gguf_loader.weights_from_gguf(gguf, config, keep_blocks=True))
+    for name, fmt, block_bytes, inputs in [("model.layers.0.mlp.down_proj.weight", "q6_k", 210, 256),
+                                           ("model.layers.1.mlp.down_proj.weight", "q8_0", 34, 32)]:
+        weight = weights[name]
+        assert weight.block_format == fmt
+        held = weight.block_rows()
+        K = weight.shape[1]
+        cut = weight.narrow(1, inputs, K - inputs)  # all but the first block of every row
+        assert torch.equal(cut.block_rows(), held[:, block_bytes:])
+        assert torch.equal(weight.narrow(0, 16, 16).block_rows(), held[16:32])

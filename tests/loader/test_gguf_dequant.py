@@ -24,7 +24,25 @@ def quantised(ggml_type: T, shape=(300, 256), seed=0):
 
 
 def test_supported_types_are_the_documented_ones():
-    assert set(SUPPORTED_TYPES) == {t.name for t in TYPES + K_QUANTS}
+    assert set(SUPPORTED_TYPES) == {t.name for t in TYPES + K_QUANTS + [T.Q3_K, T.IQ4_NL]}
+
+
+@pytest.mark.parametrize("ggml_type, held_type", [(T.Q3_K, T.Q6_K), (T.IQ4_NL, T.Q8_0)], ids=["Q3_K", "IQ4_NL"])
+def test_converted_types_hold_the_same_weights(ggml_type, held_type):
+    """Q3_K -> Q6_K and IQ4_NL -> Q8_0 (loader/gguf_held_as.py): every weight dequantises to the same bits, and our
+    decoder of the file type (for --dtype float32) is gguf's."""
+    from pagedcore.loader.gguf_held_as import held_rows
+
+    blocks = random_blocks(ggml_type, 40, 512, seed=5)
+    blocks.reshape(-1, blocks.shape[1] // (512 // 256 if ggml_type == T.Q3_K else 512 // 32))[:3, :] = 0xFF  # extremes
+    expected = reference_dequantize(blocks, ggml_type)  # fp32 [40, 512]
+    held = held_rows(torch.from_numpy(blocks), ggml_type).numpy()
+    got = reference_dequantize(held, held_type)
+    finite = np.isfinite(expected)
+    assert np.array_equal(np.isfinite(got), finite)
+    np.testing.assert_array_equal(got[finite].view(np.int32), expected[finite].view(np.int32))
+    np.testing.assert_array_equal(dequantize(torch.from_numpy(blocks).reshape(-1), ggml_type, (40, 512)).numpy(),
+                                  expected)
 
 
 @pytest.mark.parametrize("ggml_type", K_QUANTS + [T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)

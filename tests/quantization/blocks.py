@@ -12,9 +12,9 @@ from gguf import GGMLQuantizationType as T
 # Byte offsets of the fp16 scale fields in one block (llama.cpp ggml-common.h), and the largest
 # |quant * sub-scale| of the format, so d can be drawn for weights of about `scale` in magnitude.
 _F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2),
-               T.Q5_K: (0, 2), T.Q6_K: (208,)}
+               T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q3_K: (108,), T.IQ4_NL: (0,)}
 _MAX_QUANT = {T.Q8_0: 127, T.Q4_0: 8, T.Q4_1: 15, T.Q5_0: 16, T.Q5_1: 31, T.Q4_K: 15 * 3, T.Q5_K: 31 * 3,
-              T.Q6_K: 32 * 3}
+              T.Q6_K: 32 * 3, T.Q3_K: 4 * 32, T.IQ4_NL: 127}
 # k-quant sub-block scale bytes, drawn in 1..3 (packed 6-bit scales / mins decode to 0..3; Q6_K's
 # int8 scales to 1..3) so the super-block scale d sets the magnitude.
 _SUB_SCALES = {T.Q4_K: (4, 16), T.Q5_K: (4, 16), T.Q6_K: (192, 208)}

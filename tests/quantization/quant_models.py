@@ -38,6 +38,18 @@ KQUANT_TYPES = {
 }
 
 
+# Types the loader converts exactly into a kernel format (loader/gguf_held_as.py: Q3_K -> Q6_K, IQ4_NL -> Q8_0), as
+# llama.cpp's Q2_K / IQ4 files of a small model hold them: Q3_K ffn_down, IQ4_NL fallbacks; layer 0's qkv of IQ4_NL
+# q / k beside a Q3_K v (a layer of two converted formats), an IQ4_NL table under a Q3_K head; the rest Q4_K.
+CONVERTED_TYPES = {
+    "token_embd.weight": T.IQ4_NL, "output.weight": T.Q3_K,
+    **{f"blk.{i}.{name}.weight": T.Q4_K for i in (0, 1) for name in ("attn_output", "ffn_gate", "ffn_up")},
+    "blk.0.attn_q.weight": T.IQ4_NL, "blk.0.attn_k.weight": T.IQ4_NL, "blk.0.attn_v.weight": T.Q3_K,
+    **{f"blk.1.{name}.weight": T.Q3_K for name in ("attn_q", "attn_k", "attn_v")},
+    "blk.0.ffn_down.weight": T.Q3_K, "blk.1.ffn_down.weight": T.IQ4_NL,
+}
+
+
 # The same model with one format per linear layer (what the C++ decoder stack runs): layer 0 in
 # Q4_K with a Q6_K down, layer 1 in Q5_K with a Q6_K gate_up; the table Q4_K, the LM head Q6_K.
 KQUANT_UNIFORM_TYPES = {

@@ -34,8 +34,8 @@ def _block_model(tmp_path, kind, matrix_type, tensor_types=None):
     return load_model(path, load_tokenizer=False).model
 
 
-def _kquant_model(tmp_path):
-    path = quant_models.write_kquant_gguf(tmp_path / "k.gguf", quant_models.KQUANT_UNIFORM_TYPES)
+def _kquant_model(tmp_path, types=quant_models.KQUANT_UNIFORM_TYPES):
+    path = quant_models.write_kquant_gguf(tmp_path / "k.gguf", types)
     return load_model(path, load_tokenizer=False).model
 
 
@@ -69,6 +69,8 @@ MODELS = {
                                                                   "blk.1.ffn_up.weight": T.Q4_0}),
     "qwen2-q8_0-bias": lambda tmp: _block_model(tmp, "qwen2", T.Q8_0),
     "k-quants": _kquant_model,
+    # Q3_K / IQ4_NL converted at load into Q6_K / Q8_0 (a qkv of both: two runs)
+    "converted": lambda tmp: _kquant_model(tmp, quant_models.CONVERTED_TYPES),
     "int8_per_channel": _int8_model,
     # act-order GPTQ: every linear gathers its inputs (x[:, input_perm]) before the kernel, in both paths
     "gptq-act-order": lambda tmp: _int4_model(tmp, "gptq", group_size=32, sym=False, act_order=True),
@@ -78,7 +80,7 @@ MODELS = {
 }
 ALWAYS_REPACKED = {"fp8-block"}
 FORMATS = {"q4_1": ["q4_1"], "q4_0-tied": ["q4_0"], "q5_0-tied-q5_1": ["q5_0"], "qwen2-q8_0-bias": ["q8_0"],
-           "mixed-parts": ["q5_0", "q8_0", "q4_0"],
+           "mixed-parts": ["q5_0", "q8_0", "q4_0"], "converted": ["q8_0", "q6_k", "q4_k"],
            "k-quants": ["q4_k", "q5_k", "q6_k"], "int8_per_channel": ["int8_per_channel"],
            "gptq-act-order": ["q4_1"], "awq-qwen2": ["q4_1"], "fp8-block": ["fp8_e4m3"]}
 

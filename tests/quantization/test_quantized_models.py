@@ -95,6 +95,18 @@ def test_k_quants_and_mixed_layers_equal_the_oracle(tmp_path, monkeypatch):
     assert_same_as_oracle(path, monkeypatch, {"q4_k", "q5_k", "q6_k"})
 
 
+def test_converted_types_equal_the_oracle(tmp_path, monkeypatch):
+    """Q3_K and IQ4_NL blocks (a small model's Q2_K / IQ4 files) run as the Q6_K / Q8_0 blocks they convert into
+    exactly (loader/gguf_held_as.py): every kernel call against the oracle, greedy = the oracle; the table too."""
+    path = quant_models.write_kquant_gguf(tmp_path / "c.gguf", quant_models.CONVERTED_TYPES)
+    model = load_model(path, load_tokenizer=False).model
+    qkv0 = model.model.layers[0].self_attn.qkv_proj
+    assert [p.format.removesuffix("x16") for p in qkv0.quant_parts] == ["q8_0", "q6_k"]
+    assert model.model.embed_tokens.block_format.removesuffix("x16") == "q8_0"
+    assert model.decoder_stack_status.supported, model.decoder_stack_status.reason
+    assert_same_as_oracle(path, monkeypatch, {"q8_0", "q6_k", "q4_k"})
+
+
 def test_blocks_stay_blocks_and_the_stack_runs_them(tmp_path):
     """Served as stored: no float copy of a quantized tensor, fp32 activations, and the C++
     decoder stack runs the blocks as they are (test_quant_stack.py holds it to the layer loop)."""

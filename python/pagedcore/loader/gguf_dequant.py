@@ -31,18 +31,21 @@ from gguf import quants as gguf_quants
 FLOAT_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 _BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24}
 _K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+# Decoded by gguf.quants (numpy) like the k-quants, and held by the kernels in another format (gguf_held_as.py).
+_CONVERTED = (T.Q3_K, T.IQ4_NL)
 _BLOCK_SIZE = 32
 _BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # the bits of a byte, for Q5_0 / Q5_1's qh
 _CHUNK_BLOCKS = 4096  # 4096 x 32 fp32 = 512 KB per chunk
 _K_CHUNK_ROWS = 256  # k-quant rows decoded per numpy call (bounded temporaries)
 # ggml type -> the block format name the quantized linear kernels know (ops/quant_linear.py).
+# (Q3_K and IQ4_NL: the format their blocks are converted into, exactly, at load: gguf_held_as.py.)
 BLOCK_FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q4_K: "q4_k",
-                 T.Q5_K: "q5_k", T.Q6_K: "q6_k"}
-SUPPORTED_TYPES = tuple(t.name for t in (*FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS))
+                 T.Q5_K: "q5_k", T.Q6_K: "q6_k", T.Q3_K: "q6_k", T.IQ4_NL: "q8_0"}
+SUPPORTED_TYPES = tuple(t.name for t in (*FLOAT_TYPES, *_BLOCK_BYTES, *_K_QUANTS, *_CONVERTED))
 
 
 def is_supported(ggml_type: T) -> bool:
-    return ggml_type in FLOAT_TYPES or ggml_type in _BLOCK_BYTES or ggml_type in _K_QUANTS
+    return ggml_type in FLOAT_TYPES or ggml_type in _BLOCK_BYTES or ggml_type in _K_QUANTS or ggml_type in _CONVERTED
 
 
 def row_bytes(ggml_type: T, num_cols: int) -> int:
@@ -71,7 +74,7 @@ def dequantize_into(raw: torch.Tensor, ggml_type: T, out: torch.Tensor) -> None:
     if ggml_type in FLOAT_TYPES:
         out.copy_(raw.view(FLOAT_TYPES[ggml_type]).view(out.shape))
         return
-    if ggml_type in _K_QUANTS:
+    if ggml_type in _K_QUANTS or ggml_type in _CONVERTED:
         _dequantize_k_quant(raw, ggml_type, out)
         return
     if ggml_type not in _BLOCK_BYTES:

@@ -15,20 +15,25 @@ whole rows of block bytes ([rows, row_bytes] uint8) when the blocks are kept.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from pagedcore.loader.errors import ModelLoadError
 from pagedcore.loader.gguf_dequant import (BLOCK_FORMATS, FLOAT_TYPES, SUPPORTED_TYPES, dequantize, dequantize_into,
                                            dequantize_rows, is_supported, row_bytes)
 from pagedcore.loader.gguf_file import GGUFFile, GGUFTensorInfo
+from pagedcore.loader.gguf_held_as import HELD_AS, held_rows
 from pagedcore.model_config import ModelConfig
 from pagedcore.models.llama import ROPE_FREQ_FACTORS
 from pagedcore.models.registry import GGUF_ARCHITECTURES
+
+_log = logging.getLogger(__name__)
 
 # GGUF tensor name -> HF name.
 _GLOBAL_NAMES = {
@@ -147,9 +152,11 @@ class GGUFWeight:
         """The tensor's bytes as uint8 [out, row_bytes], rows in HF order; a copy (the map's pages
         are not held: the layer owns its bytes, and the file cache may drop them)."""
         rows = self._gguf.raw(self._info).view(self.shape[0], row_bytes(self._info.ggml_type, self.shape[-1]))
+        if self._info.ggml_type in HELD_AS:  # Q3_K / IQ4_NL: converted exactly into the kernels' Q6_K / Q8_0
+            rows = held_rows(rows, self._info.ggml_type)
         if self._permuted_heads is not None:
             return _unpermute_rows(rows, self._permuted_heads).contiguous()
-        return rows.clone()
+        return rows.clone() if self._info.ggml_type not in HELD_AS else rows
 
     def load_into(self, out: torch.Tensor) -> None:
         raw = self._gguf.raw(self._info)  # uint8 view of the map
@@ -236,7 +243,7 @@ class GGUFBlockSlice:
         self.block_format = block_format
 
     def block_rows(self) -> torch.Tensor:
-        return self._rows
+        return held_rows(self._rows, self.ggml_type) if self.ggml_type in HELD_AS else self._rows
 
     def load_into(self, out: torch.Tensor) -> None:
         out.copy_(dequantize_rows(self._rows, self.ggml_type))
@@ -252,6 +259,11 @@ def weights_from_gguf(gguf: GGUFFile, config: ModelConfig,
     """(HF name, lazy weight) for every tensor of the file; each is read once, when loaded.
     keep_blocks: quantized tensors offer their block bytes to the layers (see GGUFWeight)."""
     permuted = gguf.metadata["general.architecture"] == "llama"
+    converted = sorted({info.type_name for info in gguf.tensors.values() if info.ggml_type in HELD_AS})
+    if keep_blocks and converted:
+        _log.info("%s: %s tensors held as %s blocks (converted exactly at load, ~1.9x their file bytes; "
+                  "loader/gguf_held_as.py)", gguf.path, "/".join(converted),
+                  "/".join(sorted({HELD_AS[T[name]].upper() for name in converted})))
     for info in gguf.tensors.values():
         name = hf_name(info.name)
         heads = None
