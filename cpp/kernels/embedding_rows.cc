@@ -257,7 +257,8 @@ Status embedding_rows(const EmbeddingRowsParams& p) {
   const WeightFormat f = p.format;
   if (!has_embedding_rows(f))
     return Status::invalid(std::string("embedding_rows: no decoder for ") + weight_format_name(f) +
-                           " tables (dense, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and their x16 repacks have one)");
+                           " tables (dense, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and their x16 repacks "
+                           "have one)");
   if (p.num_ids < 0 || p.num_rows <= 0 || p.K <= 0 || p.out_stride < p.K)
     return Status::invalid("embedding_rows: invalid sizes (num_ids " + std::to_string(p.num_ids) + ", rows " +
                            std::to_string(p.num_rows) + ", K " + std::to_string(p.K) + ", out_stride " +

@@ -1,6 +1,6 @@
 // Internal: the quantized linear family (linear.h's WeightFormat kInt8PerChannel, kQ8_0, kQ4_0,
-// kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, and their 16-row repacked forms kQ*x16). linear() hands these formats to quant_linear(), which quantizes x
-// per block to int8 (as llama.cpp does), runs the per-ISA integer dot-product kernels
+// kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, and their 16-row repacked forms kQ*x16). linear() hands these
+// formats to quant_linear(), which quantizes x per block to int8 (as llama.cpp does), runs the per-ISA integer dot-product kernels
 // (quant_linear_<isa>.cc, written once in quant_linear_impl.h) on tasks of rows x weight rows and
 // finishes each task with the dense family's epilogue (bias, SwiGLU, bf16 out).
 //

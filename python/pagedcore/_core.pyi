@@ -249,6 +249,10 @@ class WeightFormat(enum.Enum):
     F16X16 = 19
     FP8_E4M3 = 20  # OCP e4m3 bytes [N, K] with fp32 weight_scales [N]: W8A16, x fp32 (or bf16, widened)
     FP8_E4M3X16 = 21  # the same bytes as [N/16][K][16] (N a multiple of 16)
+    Q5_0 = 22
+    Q5_1 = 23
+    Q5_0X16 = 24
+    Q5_1X16 = 25
 
 class LinearHandle:
     """One layer's weight-side arguments, bound once; dtype codes as pagedcore.ops.dtypes, epilogue 0 (none)
@@ -290,8 +294,14 @@ def rotary_embedding_cpu(x: int, cos_sin: int, num_tokens: int, num_heads: int, 
 class DecoderStack:
     def __init__(self, layer_ptrs: Sequence[Sequence[int]], hidden_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, rms_norm_eps: float, attn_scale: float, dtype: int,
-                 isa: int = -1) -> None:
-        """layer_ptrs: per layer, input_norm, post_norm, q_norm, k_norm, qkv, qkv_bias, o_proj, gate_up, down."""
+                 isa: int = -1, linear_formats: Sequence[Sequence[WeightFormat | None]] | None = None,
+                 linear_scales: Sequence[Sequence[int]] | None = None, lora_stacks: object | None = None,
+                 linear_input_perms: Sequence[Sequence[int]] | None = None,
+                 linear_block_k: Sequence[Sequence[int]] | None = None,
+                 linear_runs: Sequence[Sequence[Sequence[tuple[int, WeightFormat, int, int]]]] | None = None) -> None:
+        """layer_ptrs: per layer, input_norm, post_norm, q_norm, k_norm, qkv, qkv_bias, o_proj, gate_up, down; per
+        layer and linear (qkv, o_proj, gate_up, down): its format, scales pointer, LoRA stacks, input order, fp8
+        block_k, and its weight runs after the first (weight pointer, format, scales pointer, rows)."""
     def run(self, hidden: int, residual: int, num_tokens: int, cos_sin: int, kv_cache: int, cache_dtype: int,
             num_blocks: int, block_size: int, slot_mapping: int, block_tables: int, seq_lens: int,
             query_start_loc: int, num_seqs: int, max_blocks_per_seq: int, max_query_len: int, max_seq_len: int,
